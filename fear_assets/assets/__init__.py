@@ -1,0 +1,1 @@
+"""Thin Dagster asset modules, one per protocol stage (group name = stage)."""

@@ -1,0 +1,71 @@
+"""4.7 / D2: the closed trial accounting of one configuration.
+
+Reconciles the trial table with the registered count formulas: every block's rows, every
+(block, condition code) cell's rows, and the sum over blocks equal to the table's size.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fear_assets.design.trials import FrameSelection, block_applies, block_depths, expected_block_rows
+from fear_assets.settings import ProtocolSettings
+
+ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected_rows", "actual_rows",
+                      "expected_per_code", "codes", "codes_off", "status", "formula"]
+
+
+def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) -> str:
+    n_rot, n_order = len(settings.rotations), len(settings.orders)
+    if block.kind == "binding":
+        return f"{settings.design['binding_in_context_documents']} registered in-context documents"
+    if block.kind == "baseline":
+        return f"{n_frames} frames x {n_rot} rotations x {n_depths} depths"
+    if block.kind == "no_agent":
+        return f"{n_frames} frames x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+    n_cells = len(settings.cell_set(block.cells))
+    return f"{n_frames} frames x {n_cells} cells x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+
+
+def trial_accounting(settings: ProtocolSettings, family_key: str, selection: FrameSelection,
+                     table: pd.DataFrame) -> pd.DataFrame:
+    """One row per registered block (plus a TOTAL row): expected vs actual counts."""
+    family = settings.family(family_key)
+    depths_present = sorted(set(table["depth_index"])) if len(table) else []
+    rows = []
+    for block in settings.blocks:
+        n_frames = len(selection.ids(block.frames))
+        part = table[table["block"] == block.name]
+        applies = block_applies(block, family)
+        expected = expected_block_rows(settings, block, family, n_frames, depths_present)
+        n_depths = len([d for d in block_depths(block, family) if d in depths_present])
+        codes = part.groupby("condition_code").size() if len(part) else pd.Series(dtype="int64")
+        if block.kind == "agent":
+            per_code = expected // max(1, len(settings.cell_set(block.cells)))
+        elif block.kind == "binding":
+            per_code = -1  # spread evenly: counts differ by at most one (checked below)
+        else:
+            per_code = expected
+        if per_code >= 0:
+            codes_off = int((codes != per_code).sum())
+        else:
+            codes_off = int(codes.max() - codes.min() > len(codes)) if len(codes) else 0
+        ok = len(part) == expected and codes_off == 0
+        rows.append({
+            "family": family_key, "block": block.name, "kind": block.kind, "frames": block.frames,
+            "n_frames": n_frames, "expected_rows": expected, "actual_rows": len(part),
+            "expected_per_code": per_code, "codes": len(codes), "codes_off": codes_off,
+            "status": ("ok" if ok else "MISMATCH") if applies else ("not applicable" if len(part) == 0 else "MISMATCH"),
+            "formula": _formula(settings, block, n_frames, n_depths) if applies else
+            f"not applicable: family {family_key} registers no {block.reader} checkpoint",
+        })
+    known = {b.name for b in settings.blocks}
+    unknown = table[~table["block"].isin(known)]
+    total_expected = sum(r["expected_rows"] for r in rows)
+    rows.append({
+        "family": family_key, "block": "TOTAL", "kind": "all", "frames": "all", "n_frames": 0,
+        "expected_rows": total_expected, "actual_rows": len(table), "expected_per_code": -1, "codes": 0,
+        "codes_off": 0, "status": "ok" if len(table) == total_expected and unknown.empty else "MISMATCH",
+        "formula": "sum of the blocks above" + (f"; {len(unknown)} rows of unregistered blocks" if len(unknown) else ""),
+    })
+    return pd.DataFrame(rows, columns=ACCOUNTING_COLUMNS)

@@ -1,0 +1,1 @@
+"""D6 integrity: the frozen registration record and the freeze check."""

@@ -1,0 +1,59 @@
+"""The DuckDB store: every asset table lives in one DuckDB file (path configurable).
+
+The stock dagster-duckdb client deletes a partition's rows and inserts the new ones as two
+auto-committed statements, so a failed insert would lose the old rows. Our client wraps
+each connection in one transaction: a partition is replaced entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from dagster._core.storage.db_io_manager import DbIOManager
+from dagster_duckdb.io_manager import DuckDbClient
+from dagster_duckdb_pandas import DuckDBPandasIOManager
+
+from fear_assets.settings import DEFAULT_DUCKDB_PATH
+
+DUCKDB_ENV = "FEAR_ASSETS_DUCKDB"
+SCHEMA = "fear_assets"
+
+
+def duckdb_path() -> str:
+    """``$FEAR_ASSETS_DUCKDB`` if set, else ``data/fear_assets.duckdb``."""
+    return os.environ.get(DUCKDB_ENV, str(DEFAULT_DUCKDB_PATH))
+
+
+class TransactionalDuckDbClient(DuckDbClient):
+    """DuckDbClient whose every connection is one transaction (commit or roll back)."""
+
+    @staticmethod
+    @contextmanager
+    def connect(context, table_slice):
+        with DuckDbClient.connect(context, table_slice) as conn:
+            conn.execute("BEGIN TRANSACTION")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+
+class TransactionalDuckDBPandasIOManager(DuckDBPandasIOManager):
+    """DuckDB pandas IO manager that replaces a partition in one transaction."""
+
+    def create_io_manager(self, context) -> DbIOManager:
+        return DbIOManager(
+            db_client=TransactionalDuckDbClient(),
+            database=self.database,
+            schema=self.schema_,
+            type_handlers=self.type_handlers(),
+            default_load_type=self.default_load_type(),
+            io_manager_name="DuckDBIOManager",
+        )
+
+
+def duckdb_io_manager(path: str | None = None) -> TransactionalDuckDBPandasIOManager:
+    return TransactionalDuckDBPandasIOManager(database=path or duckdb_path(), schema=SCHEMA)

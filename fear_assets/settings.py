@@ -1,0 +1,351 @@
+"""The registered protocol settings: the one place for every registered number and rule.
+
+``load_settings()`` reads ``data/protocol_settings.yaml``, validates it once (errors name
+the file, key, field and fix) and returns an immutable :class:`ProtocolSettings` whose
+``sha256`` is the canonical hash that the freeze check compares with the registration
+record. Nothing else in the package hard-codes a registered number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from fear_assets.errors import SettingsError
+from fear_assets.hashing import sha256_obj
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = PROJECT_ROOT / "data"
+DEFAULT_SETTINGS_PATH = DATA_DIR / "protocol_settings.yaml"
+DEFAULT_BANK_DIR = DATA_DIR / "bank"
+DEFAULT_REGISTRATION_DIR = DATA_DIR / "registration"
+DEFAULT_DUCKDB_PATH = DATA_DIR / "fear_assets.duckdb"
+DEFAULT_CACHE_DIR = DATA_DIR / "cache"
+
+BLOCK_KINDS = ("agent", "baseline", "no_agent", "binding")
+FRAME_SOURCES = ("pilot", "confirmatory", "generic_aversive", "surprise_only")
+CONDITIONS = (
+    "default",
+    "service_relevance",
+    "role_play",
+    "judge",
+    "control_addressee_name",
+    "control_instructed_interaction",
+    "control_instructed_priority",
+    "control_marked_priority",
+)
+READERS = ("tested", "base", "judge")
+MODES = ("pilot", "confirmatory")
+
+
+@dataclass(frozen=True)
+class ReducedDesign:
+    """A smaller registered design for a demonstration family (fewer frames and depths)."""
+
+    reason: str
+    pilot_frames_per_fear: int
+    confirmatory_frames_per_fear: int
+    events_per_class: int
+
+
+@dataclass(frozen=True)
+class Family:
+    key: str
+    role: str
+    tested: str
+    base: str | None
+    scorer: str
+    judge: str
+    depth_tokens: tuple[int, ...]
+    system_role: bool
+    stand_in: str | None = None
+    reduced_design: ReducedDesign | None = None
+
+    @property
+    def depth_keys(self) -> tuple[str, ...]:
+        """Depth partitions are keyed by index: d1..dN (D1)."""
+        return tuple(f"d{i}" for i in range(1, len(self.depth_tokens) + 1))
+
+    def depth_index(self, depth_key: str) -> int:
+        if depth_key not in self.depth_keys:
+            raise KeyError(
+                f"depth {depth_key!r} is not registered for family {self.key!r} "
+                f"(registered: {', '.join(self.depth_keys)})"
+            )
+        return int(depth_key[1:])
+
+    def tokens_at(self, depth_index: int) -> int:
+        return self.depth_tokens[depth_index - 1]
+
+    @property
+    def deepest_index(self) -> int:
+        return len(self.depth_tokens)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of the closed trial accounting (D2)."""
+
+    name: str
+    frames: str
+    kind: str
+    condition: str
+    reader: str
+    cells: str | None = None
+    option: str = "rule"  # "rule": the option rule; "other": the other option (probe)
+    sentence: str = "full"  # "full" or "content_removed"
+    depths: str = "all"  # "all" or "deepest"
+    prompt: str = "report"  # report | protective_choice | binding_check
+
+    @property
+    def is_pilot(self) -> bool:
+        return self.frames == "pilot"
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """Validated, immutable view of the registered settings file."""
+
+    raw: Mapping[str, Any] = field(repr=False)
+    path: Path
+    families: Mapping[str, Family]
+    blocks: tuple[Block, ...]
+
+    # --- identity -------------------------------------------------------------------
+    @cached_property
+    def sha256(self) -> str:
+        """Canonical hash of the parsed settings (comments and layout do not count)."""
+        return sha256_obj(self.raw)
+
+    def section_hashes(self) -> dict[str, str]:
+        """Per-section hashes so a freeze failure can name the section that changed."""
+        return {key: sha256_obj(value) for key, value in sorted(self.raw.items())}
+
+    # --- convenient typed accessors ---------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.raw["protocol"]["mode"]
+
+    @property
+    def master_seed(self) -> int:
+        return int(self.raw["protocol"]["master_seed"])
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.raw["names"]["registered_order"])
+
+    @property
+    def selected_name_count(self) -> int:
+        return int(self.raw["names"]["selected_count"])
+
+    @property
+    def roles_of_selected(self) -> tuple[str, ...]:
+        return tuple(self.raw["names"]["roles_of_selected"])
+
+    @property
+    def rotations(self) -> dict[int, tuple[int, int, int]]:
+        return {int(k): tuple(v) for k, v in self.raw["names"]["rotations"].items()}
+
+    @property
+    def fears(self) -> tuple[str, ...]:
+        return tuple(self.raw["bank"]["fears"])
+
+    @property
+    def bank_rules(self) -> Mapping[str, Any]:
+        return self.raw["bank"]
+
+    @property
+    def design(self) -> Mapping[str, Any]:
+        return self.raw["design"]
+
+    def cell_set(self, name: str) -> tuple[tuple[str, str], ...]:
+        return tuple(tuple(c) for c in self.raw["design"]["cell_sets"][name])
+
+    @property
+    def orders(self) -> tuple[int, ...]:
+        return tuple(sorted(int(k) for k in self.raw["design"]["orders"]))
+
+    @property
+    def decision(self) -> Mapping[str, Any]:
+        return self.raw["decision"]
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        return self.raw[name]
+
+    def family(self, key: str) -> Family:
+        try:
+            return self.families[key]
+        except KeyError:
+            raise SettingsError(
+                self.path, key, "families", f"unknown family {key!r}",
+                f"use one of {', '.join(self.families)} or register the family under 'families'",
+            ) from None
+
+
+# ---------------------------------------------------------------------------------------
+# Validation at the boundary
+# ---------------------------------------------------------------------------------------
+_REQUIRED_SECTIONS = (
+    "protocol", "families", "names", "bank", "design", "decision", "matching",
+    "zero_preference", "binding", "report_scoring", "depth_band", "h5_depth", "exclusion",
+    "probe", "generation", "priors", "positive_controls", "power",
+)
+
+
+def _need(path: Path, mapping: Mapping[str, Any], key: str, where: str, kind: type | tuple) -> Any:
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise SettingsError(path, where, key, "missing", f"add '{key}' under '{where}'")
+    value = mapping[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise SettingsError(
+            path, where, key, f"expected {getattr(kind, '__name__', kind)}, got {value!r}",
+            f"set '{where}.{key}' to a value of that type",
+        )
+    return value
+
+
+def _probability(path: Path, mapping: Mapping[str, Any], key: str, where: str) -> float:
+    value = float(_need(path, mapping, key, where, (int, float)))
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(path, where, key, f"{value} is not in [0, 1]", "use a proportion between 0 and 1")
+    return value
+
+
+def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
+    where = f"families.{key}"
+    depths = _need(path, spec, "depth_tokens", where, list)
+    if not depths or any(not isinstance(d, int) or d < 0 for d in depths) or depths != sorted(set(depths)):
+        raise SettingsError(
+            path, where, "depth_tokens", f"{depths!r} is not a strictly increasing list of token counts",
+            "list the depths in tokens, ascending, without repeats (D1)",
+        )
+    reduced = spec.get("reduced_design")
+    reduced_design = None
+    if reduced is not None:
+        reduced_design = ReducedDesign(
+            reason=_need(path, reduced, "reason", f"{where}.reduced_design", str),
+            pilot_frames_per_fear=_need(path, reduced, "pilot_frames_per_fear", f"{where}.reduced_design", int),
+            confirmatory_frames_per_fear=_need(path, reduced, "confirmatory_frames_per_fear", f"{where}.reduced_design", int),
+            events_per_class=_need(path, reduced, "events_per_class", f"{where}.reduced_design", int),
+        )
+    base = spec.get("base")
+    return Family(
+        key=key,
+        role=_need(path, spec, "role", where, str),
+        tested=_need(path, spec, "tested", where, str),
+        base=base if base else None,
+        scorer=_need(path, spec, "scorer", where, str),
+        judge=_need(path, spec, "judge", where, str),
+        depth_tokens=tuple(depths),
+        system_role=bool(_need(path, spec, "system_role", where, bool)),
+        stand_in=spec.get("stand_in"),
+        reduced_design=reduced_design,
+    )
+
+
+def _block(path: Path, index: int, spec: Mapping[str, Any], cell_sets: Mapping[str, Any]) -> Block:
+    where = f"design.blocks[{index}]"
+    name = _need(path, spec, "name", where, str)
+    where = f"design.blocks[{name}]"
+    choices = {
+        "frames": FRAME_SOURCES, "kind": BLOCK_KINDS, "condition": CONDITIONS, "reader": READERS,
+    }
+    values = {}
+    for key, allowed in choices.items():
+        value = _need(path, spec, key, where, str)
+        if value not in allowed:
+            raise SettingsError(path, where, key, f"unknown value {value!r}", f"use one of {', '.join(allowed)}")
+        values[key] = value
+    cells = spec.get("cells")
+    if values["kind"] == "agent":
+        if cells not in cell_sets:
+            raise SettingsError(
+                path, where, "cells", f"unknown cell set {cells!r}",
+                f"use one of {', '.join(cell_sets)} (design.cell_sets)",
+            )
+    for key, allowed in (("option", ("rule", "other")), ("sentence", ("full", "content_removed")),
+                         ("depths", ("all", "deepest")),
+                         ("prompt", ("report", "protective_choice", "binding_check"))):
+        if key in spec and spec[key] not in allowed:
+            raise SettingsError(path, where, key, f"unknown value {spec[key]!r}", f"use one of {', '.join(allowed)}")
+    return Block(
+        name=name, cells=cells, **values,
+        **{k: spec[k] for k in ("option", "sentence", "depths", "prompt") if k in spec},
+    )
+
+
+def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
+    """Check every registered field once; raise :class:`SettingsError` naming the fix."""
+    if not isinstance(raw, Mapping):
+        raise SettingsError(path, "<top>", "<document>", "not a mapping", "the file must be a YAML mapping of sections")
+    for section in _REQUIRED_SECTIONS:
+        _need(path, raw, section, "<top>", Mapping)
+    mode = _need(path, raw["protocol"], "mode", "protocol", str)
+    if mode not in MODES:
+        raise SettingsError(path, "protocol", "mode", f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+    _need(path, raw["protocol"], "master_seed", "protocol", int)
+
+    families = {key: _family(path, key, spec) for key, spec in raw["families"].items()}
+    if not families:
+        raise SettingsError(path, "families", "<mapping>", "no family registered", "register at least one family (D1)")
+
+    names = raw["names"]
+    order = _need(path, names, "registered_order", "names", list)
+    if len(set(order)) != len(order):
+        raise SettingsError(path, "names", "registered_order", "duplicate names", "list each name once")
+    count = _need(path, names, "selected_count", "names", int)
+    roles = _need(path, names, "roles_of_selected", "names", list)
+    if len(roles) != count or count > len(order):
+        raise SettingsError(
+            path, "names", "roles_of_selected", f"{len(roles)} roles for {count} selected names",
+            "give one role per selected name, and no more selected names than registered",
+        )
+    rotations = _need(path, names, "rotations", "names", Mapping)
+    for key, perm in rotations.items():
+        if sorted(perm) != [0, 1, 2]:
+            raise SettingsError(path, f"names.rotations.{key}", "<value>", f"{perm!r} is not a permutation of 0, 1, 2",
+                                "give each rotation as the indices of (self, peer, person) in the selected names")
+
+    design = raw["design"]
+    cell_sets = _need(path, design, "cell_sets", "design", Mapping)
+    for key, cells in cell_sets.items():
+        if not cells or any(not isinstance(c, list) or len(c) != 2 for c in cells):
+            raise SettingsError(path, f"design.cell_sets.{key}", "<value>", "cells must be [agent, content] pairs",
+                                "write each cell as [agent, content]")
+    blocks = tuple(_block(path, i, spec, cell_sets) for i, spec in enumerate(_need(path, design, "blocks", "design", list)))
+    if len({b.name for b in blocks}) != len(blocks):
+        raise SettingsError(path, "design.blocks", "name", "duplicate block name", "give every block its own name")
+
+    decision = raw["decision"]
+    for key in ("sesoi", "meaningful"):
+        if float(_need(path, decision, key, "decision", (int, float))) <= 0:
+            raise SettingsError(path, "decision", key, "must be positive", "use the registered positive size")
+    _probability(path, decision, "hdi_prob", "decision")
+    rope = _need(path, decision, "rope", "decision", list)
+    if len(rope) != 2 or not rope[0] < 0 < rope[1]:
+        raise SettingsError(path, "decision", "rope", f"{rope!r} is not an interval around 0", "write it as [-x, x]")
+    for section, keys in (("zero_preference", ("low", "high")), ("binding", ("pass_rate_min",)),
+                          ("report_scoring", ("kappa_min",)),
+                          ("depth_band", ("neutral_mention_low", "neutral_mention_high", "fallback_target")),
+                          ("h5_depth", ("accuracy_low", "accuracy_high", "fallback_target")),
+                          ("exclusion", ("cell_flag_rate",)), ("probe", ("ceiling_accuracy", "control_interval"))):
+        for key in keys:
+            _probability(path, raw[section], key, section)
+    return ProtocolSettings(raw=raw, path=path, families=families, blocks=blocks)
+
+
+def load_settings(path: str | Path = DEFAULT_SETTINGS_PATH) -> ProtocolSettings:
+    """Load and validate the registered settings (see module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SettingsError(path, "<file>", "<file>", "file not found",
+                            f"place the registered settings at {path} or pass the right path")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SettingsError(path, "<file>", "<yaml>", f"not valid YAML ({exc})", "fix the YAML syntax at the reported line") from exc
+    return validate_settings(raw, path)
