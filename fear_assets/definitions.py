@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
+
+# Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from fear_assets.assets import design, stimuli
 from fear_assets.resources import ProtocolResource, duckdb_io_manager

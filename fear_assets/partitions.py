@@ -7,7 +7,11 @@ Multi-partition keys read "<depth>|<family>" (dimension names sorted).
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
+
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from fear_assets.settings import ProtocolSettings, load_settings
 

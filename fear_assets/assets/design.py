@@ -1,6 +1,5 @@
 """Stage "design" (protocol 4.4, 4.7-4.8, D2, D6): trial table, assignment key, accounting."""
 
-from __future__ import annotations
 
 import time
 

@@ -1,6 +1,5 @@
 """Stage "stimuli" (protocol 4.2-4.3, Appendix A): the frozen frame bank."""
 
-from __future__ import annotations
 
 import json
 

@@ -11,13 +11,13 @@ import os
 from contextlib import contextmanager
 
 from dagster._core.storage.db_io_manager import DbIOManager
-from dagster_duckdb.io_manager import DuckDbClient
+from dagster_duckdb.io_manager import DuckDbClient, _get_cleanup_statement
 from dagster_duckdb_pandas import DuckDBPandasIOManager
 
 from fear_assets.settings import DEFAULT_DUCKDB_PATH
 
 DUCKDB_ENV = "FEAR_ASSETS_DUCKDB"
-SCHEMA = "fear_assets"
+SCHEMA = "two_facts_one_gate"  # one schema per protocol (code location)
 
 
 def duckdb_path() -> str:
@@ -39,6 +39,17 @@ class TransactionalDuckDbClient(DuckDbClient):
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    @staticmethod
+    def delete_table_slice(context, table_slice, connection) -> None:
+        # Inside a transaction a failed DELETE (table not created yet) would abort it, so
+        # look the table up instead of catching the error as the stock client does.
+        exists = connection.execute(
+            "select count(*) from information_schema.tables where table_schema = ? and table_name = ?",
+            [table_slice.schema, table_slice.table],
+        ).fetchone()[0]
+        if exists:
+            connection.execute(_get_cleanup_statement(table_slice))
 
 
 class TransactionalDuckDBPandasIOManager(DuckDBPandasIOManager):

@@ -1,0 +1,81 @@
+"""The main job on the embedded family: ``python -m fear_assets.main``.
+
+Materialises every asset that exists so far for the embedded default configuration
+through the project's Dagster instance (so the runs, partitions and checks show in the UI)
+and prints where the DuckDB file is and how to open the UI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from fear_assets.settings import PROJECT_ROOT
+
+
+def _embedded_family(settings) -> str:
+    return next(k for k, f in settings.families.items() if f.role == "embedded")
+
+
+def run(duckdb_path: str | None = None) -> int:
+    os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
+    os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
+    import dagster as dg
+
+    from fear_assets.definitions import all_assets, all_checks, resources
+    from fear_assets.partitions import SETTINGS, registered_partition_keys
+    from fear_assets.resources.store import duckdb_path as default_duckdb_path
+
+    db = duckdb_path or default_duckdb_path()
+    instance = dg.DagsterInstance.get()
+    res = resources(db)
+    family = _embedded_family(SETTINGS)
+    spec = SETTINGS.family(family)
+    everything = [*all_assets, *all_checks]
+    started = time.perf_counter()
+
+    def step(label: str, selection: list[str], partition_key: str | None = None) -> dg.ExecuteInProcessResult:
+        t = time.perf_counter()
+        result = dg.materialize(everything, selection=selection, partition_key=partition_key, instance=instance,
+                                resources=res, raise_on_error=True)
+        failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+        print(f"  {label:<34} {time.perf_counter() - t:5.1f} s  run {result.run_id[:8]}"
+              + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
+        for e in failed:
+            print(f"    {e.check_name}: {e.description}")
+        return result
+
+    print(f"fear_assets main job: family {family} ({spec.tested})")
+    if spec.reduced_design:
+        print(f"  REDUCED DESIGN: {spec.reduced_design.reason}")
+        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; "
+              f"{spec.reduced_design.pilot_frames_per_fear} pilot and "
+              f"{spec.reduced_design.confirmatory_frames_per_fear} confirmatory frame(s) per fear")
+    first = step("frame_bank (+ freeze check)", ["frame_bank"])
+    if any(not e.passed for e in first.get_asset_check_evaluations()):
+        print("The freeze gate failed: nothing downstream runs. See the check's message above.")
+        return 2
+    for key in registered_partition_keys(SETTINGS, family):
+        step(f"trial_table, assignment_key {key}", ["trial_table", "assignment_key"], key)
+    acc = step(f"trial_accounting {family}", ["trial_accounting"], family)
+    ok = all(e.passed for e in acc.get_asset_check_evaluations())
+
+    import duckdb
+
+    with duckdb.connect(db, read_only=True) as con:
+        n = con.execute("select count(*) from two_facts_one_gate.trial_table where family = ?", [family]).fetchone()[0]
+        blocks = con.execute("select count(distinct block) from two_facts_one_gate.trial_table where family = ?",
+                             [family]).fetchone()[0]
+    print(f"\nDone in {time.perf_counter() - started:.0f} s: {n} trials in {blocks} blocks for {family}; "
+          f"accounting {'closed' if ok else 'NOT closed'}.")
+    print(f"DuckDB file: {db}")
+    print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
+          ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")
+    print("Dagster UI (asset graph, partitions, checks, run history):")
+    print(f"  cd {PROJECT_ROOT} && DAGSTER_HOME=$PWD .venv/bin/dagster dev -w workspace.yaml   # then open http://127.0.0.1:3000")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else None))
