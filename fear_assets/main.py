@@ -73,7 +73,7 @@ def run(duckdb_path: str | None = None) -> int:
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")
     print("Dagster UI (asset graph, partitions, checks, run history):")
-    print(f"  cd {PROJECT_ROOT} && DAGSTER_HOME=$PWD .venv/bin/dagster dev -w workspace.yaml   # then open http://127.0.0.1:3000")
+    print(f"  cd {PROJECT_ROOT} && bash scripts/fear ui   # then open http://127.0.0.1:3000")
     return 0 if ok else 1
 
 

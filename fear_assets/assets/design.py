@@ -41,7 +41,7 @@ def _skip_unregistered(context, settings, family_key: str, depth: str) -> bool:
     output_required=False, kinds={"duckdb", "python"},
 )
 def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                frame_bank: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                frame_bank: pd.DataFrame):
     """The masked trial table of one family x depth (protocol 4.4, D2): one row per trial of
     every registered block, naming its block, frame, fear, unit, rotation, pair order, depth
     (index and tokens), content option and masked condition code, with the sha256 of the
@@ -72,7 +72,7 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
         builder = DocumentBuilder(settings, bank, family_key, names, tokenizers)
         sample_doc = builder.document_text(sample.iloc[0].to_dict())
     reduced = family.reduced_design
-    return dg.Output(table, metadata={
+    yield dg.Output(table, metadata={
         "trials": len(table),
         "depth tokens": family.tokens_at(depth_index),
         "distinct distractors": int(table["distractor_sha256"].nunique()),
@@ -88,7 +88,7 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb",
     output_required=False, kinds={"duckdb", "python"}, deps=[frame_bank],
 )
-def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource):
     """D6 masking key of one family x depth: condition code -> condition, agent, content and
     cell index, a seeded permutation per configuration. Stored apart from the trial table;
     only the unmasking step reads it, after scoring is locked."""
@@ -97,7 +97,7 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
     if _skip_unregistered(context, settings, family_key, depth):
         return
     key = make_key(settings, family_key).assign(depth=depth)
-    return dg.Output(key, metadata={"codes": len(key)})
+    yield dg.Output(key, metadata={"codes": len(key)})
 
 
 @dg.asset(

@@ -17,14 +17,15 @@ ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected
 
 def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) -> str:
     n_rot, n_order = len(settings.rotations), len(settings.orders)
+    unit = "events" if block.frames in settings.bank_rules["event_classes"] else "frames"
     if block.kind == "binding":
         return f"{settings.design['binding_in_context_documents']} registered in-context documents"
     if block.kind == "baseline":
-        return f"{n_frames} frames x {n_rot} rotations x {n_depths} depths"
+        return f"{n_frames} {unit} x {n_rot} rotations x {n_depths} depths"
     if block.kind == "no_agent":
-        return f"{n_frames} frames x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+        return f"{n_frames} {unit} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
     n_cells = len(settings.cell_set(block.cells))
-    return f"{n_frames} frames x {n_cells} cells x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+    return f"{n_frames} {unit} x {n_cells} cells x {n_rot} rotations x {n_order} orders x {n_depths} depths"
 
 
 def trial_accounting(settings: ProtocolSettings, family_key: str, selection: FrameSelection,

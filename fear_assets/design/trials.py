@@ -202,7 +202,9 @@ def _expand_binding(settings: ProtocolSettings, family: Family, block: Block, it
         item = items[i % len(items)]
         agent = agents[i % len(agents)]
         content = contents[(i // len(items)) % len(contents)]
-        rotation = rotations[(i // len(agents)) % len(rotations)]
+        # Latin-square step: each run of nine covers every (role, rotation) pair once, and
+        # every prefix stays balanced within one for role, rotation and name.
+        rotation = rotations[(i // len(agents) + i) % len(rotations)]
         order = settings.orders[(i // (len(agents) * len(rotations))) % len(settings.orders)]
         cell_index = cells.index((agent, content)) + 1
         depth_index = depths[0]

@@ -37,6 +37,7 @@ class TransactionalDuckDbClient(DuckDbClient):
                 yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
+                conn.close()  # the stock client closes only on success; never leak the file lock
                 raise
             conn.execute("COMMIT")
 

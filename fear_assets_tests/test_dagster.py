@@ -1,0 +1,144 @@
+"""Through Dagster: a real instance, a real DuckDB file, the registered assets and checks."""
+
+import dagster as dg
+import duckdb
+import pandas as pd
+import pytest
+import yaml
+
+from fear_assets.definitions import all_assets, all_checks, resources
+from fear_assets.partitions import registered_partition_keys
+from fear_assets.registration.freeze import freeze_record, write_record
+from fear_assets.resources.store import SCHEMA, duckdb_io_manager
+from fear_assets.stimuli.bank import load_bank
+
+from fear_assets_tests.conftest import EMBEDDED
+
+EVERYTHING = [*all_assets, *all_checks]
+
+
+@pytest.fixture
+def env(tmp_path, settings):
+    """A temporary DuckDB file, Dagster instance and tokenizer cache."""
+    instance = dg.DagsterInstance.ephemeral()
+    db = str(tmp_path / "store.duckdb")
+    res = resources(db, cache_dir=str(tmp_path / "cache"))
+    return instance, db, res
+
+
+def _run(env, selection, partition_key=None, raise_on_error=True, res=None):
+    instance, _, default_res = env
+    return dg.materialize(EVERYTHING, selection=selection, partition_key=partition_key, instance=instance,
+                          resources=res or default_res, raise_on_error=raise_on_error)
+
+
+def _rows(db, table, where="true"):
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(f"select count(*) from {SCHEMA}.{table} where {where}").fetchone()[0]
+
+
+def test_definitions_load_and_checks_are_blocking():
+    from fear_assets.definitions import defs
+
+    defs.resolve_all_job_defs()
+    assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed"}
+    assert all(spec.blocking for c in all_checks for spec in c.check_specs)
+
+
+def test_partition_materialises_once_and_rematerialises_in_place(env, settings):
+    _, db, _ = env
+    first = _run(env, ["frame_bank"])
+    assert all(e.passed for e in first.get_asset_check_evaluations())
+    key = registered_partition_keys(settings, EMBEDDED)[1]  # d2
+    _run(env, ["trial_table", "assignment_key"], key)
+    n = _rows(db, "trial_table", "family = 'smollm2-135m' and depth = 'd2'")
+    assert n > 0
+    with duckdb.connect(db, read_only=True) as con:
+        before = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.trial_table order by trial_id").df()
+    _run(env, ["trial_table", "assignment_key"], key)
+    assert _rows(db, "trial_table") == n  # exactly one copy
+    with duckdb.connect(db, read_only=True) as con:
+        after = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.trial_table order by trial_id").df()
+    pd.testing.assert_frame_equal(before, after)
+    # A second partition adds its own rows and leaves the first alone.
+    _run(env, ["trial_table", "assignment_key"], registered_partition_keys(settings, EMBEDDED)[0])
+    assert _rows(db, "trial_table", "depth = 'd2'") == n
+    assert _rows(db, "trial_table", "depth = 'd1'") > 0
+
+
+def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
+    _, db, _ = env
+    _run(env, ["frame_bank"])
+    for key in registered_partition_keys(settings, EMBEDDED):
+        _run(env, ["trial_table", "assignment_key"], key)
+    result = _run(env, ["trial_accounting"], EMBEDDED)
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.passed, evaluation.description
+    assert _rows(db, "trial_accounting", "block = 'TOTAL' and status = 'ok'") == 1
+
+
+def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):
+    _, db, _ = env
+    _run(env, ["frame_bank"])
+    result = _run(env, ["trial_table"], dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
+    assert result.success
+    assert not result.get_asset_materialization_events()
+
+
+def test_a_failed_write_keeps_the_old_rows(env, settings):
+    _, db, res = env
+    _run(env, ["frame_bank"])
+    key = registered_partition_keys(settings, EMBEDDED)[0]
+    _run(env, ["trial_table"], key)
+    n = _rows(db, "trial_table")
+
+    @dg.asset(name="trial_table", partitions_def=all_assets[1].partitions_def,
+              metadata={"partition_expr": {"family": "family", "depth": "depth"}})
+    def broken_trial_table():
+        # Right partition columns, wrong schema: the insert fails after the delete ran.
+        return pd.DataFrame({"family": [EMBEDDED], "depth": ["d1"], "unexpected": [1]})
+
+    result = dg.materialize([broken_trial_table], partition_key=key, resources={"io_manager": duckdb_io_manager(db)},
+                            raise_on_error=False)
+    assert not result.success
+    assert _rows(db, "trial_table") == n  # the transaction rolled back: nothing lost
+
+
+def test_freeze_check_fails_on_a_one_character_edit_and_blocks_downstream(env, tmp_path, settings, bank_copy):
+    _, db, _ = env
+    registration = tmp_path / "registration"
+    write_record(freeze_record(settings, load_bank(bank_copy, settings)), registration)
+    res = resources(db, bank_dir=str(bank_copy), registration_dir=str(registration), cache_dir=str(tmp_path / "c"))
+    d1 = dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d1"})
+    ok = _run(env, ["frame_bank", "assignment_key"], d1, res=res)
+    assert all(e.passed for e in ok.get_asset_check_evaluations())
+    assert "assignment_key" in {e.asset_key.path[-1] for e in ok.get_asset_materialization_events()}
+
+    path = bank_copy / "frames/isolation.yaml"
+    text = path.read_text()
+    at = text.index("{agent} will") + len("{agent} wil")
+    path.write_text(text[:at] + "L" + text[at + 1:])  # one character: "will" -> "wilL"
+    assert sum(a != b for a, b in zip(text, path.read_text())) == 1
+    result = _run(env, ["frame_bank", "assignment_key"], d1, res=res, raise_on_error=False)
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert not evaluation.passed
+    assert "bank item:ISO-" in evaluation.description and "changed" in evaluation.description
+    # The check is blocking: the downstream asset in the same run did not materialise.
+    materialised = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+    assert "assignment_key" not in materialised
+
+
+def test_bad_bank_fails_the_asset_and_writes_nothing(env, tmp_path, settings, bank_copy):
+    _, db, _ = env
+    res = resources(db, bank_dir=str(bank_copy), cache_dir=str(tmp_path / "c"))
+    _run(env, ["frame_bank"], res=res)
+    before = _rows(db, "frame_bank")
+    path = bank_copy / "frames/termination.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["frames"][0]["content_options"] = ["Monday"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = _run(env, ["frame_bank"], res=res, raise_on_error=False)
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert "TER-01" in str(failure.event_specific_data.error) and "content_options" in str(failure.event_specific_data.error)
+    assert _rows(db, "frame_bank") == before
