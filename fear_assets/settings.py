@@ -310,6 +310,12 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
             raise SettingsError(path, f"names.rotations.{key}", "<value>", f"{perm!r} is not a permutation of 0, 1, 2",
                                 "give each rotation as the indices of (self, peer, person) in the selected names")
 
+    words = _need(path, raw["bank"], "function_words", "bank", list)
+    bad = [w for w in words if not isinstance(w, str)]
+    if bad:
+        raise SettingsError(path, "bank", "function_words", f"non-text entries {bad!r}",
+                            "quote every word: YAML reads on, off, no and yes as booleans")
+
     design = raw["design"]
     cell_sets = _need(path, design, "cell_sets", "design", Mapping)
     for key, cells in cell_sets.items():

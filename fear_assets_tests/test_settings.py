@@ -53,6 +53,7 @@ def _write(tmp_path: Path, mutate) -> Path:
     (lambda r: r["families"]["qwen2.5-7b"].update(depth_tokens=[0, 512, 256]), "depth_tokens"),
     (lambda r: r["design"]["blocks"][0].update(kind="everything"), "kind"),
     (lambda r: r.pop("priors"), "priors"),
+    (lambda r: r["bank"]["function_words"].append(False), "function_words"),  # an unquoted `off`
 ])
 def test_bad_settings_name_file_field_and_fix(tmp_path, mutate, field):
     path = _write(tmp_path, mutate)
