@@ -417,6 +417,13 @@ def load_bank(root: str | Path = DEFAULT_BANK_DIR, settings: ProtocolSettings | 
             raise BankError(it.source_file, it.id, "id", f"duplicate id (also in {seen[it.id]})",
                             "give every frame and event a unique id")
         seen[it.id] = it.source_file
+    partners: dict[tuple, str] = {}
+    for it in (*frames, *events):
+        key = (it.partner.sentence, it.partner.content_options)
+        if key in partners:
+            raise BankError(it.source_file, it.id, "partner", f"the same neutral partner as {partners[key]}",
+                            "give every frame and event its own partner (another meeting or other rooms)")
+        partners[key] = it.id
     _check_no_names([*frames, *events], settings)
     _check_mentions(templates_path, templates, settings)
     _check_distractor_clean(templates_path, templates, [*frames, *events], settings)
