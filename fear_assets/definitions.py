@@ -9,11 +9,13 @@ import dagster as dg
 # Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
-from fear_assets.assets import design, stimuli
+from fear_assets.assets import design, lm, stimuli
 from fear_assets.resources import ProtocolResource, duckdb_io_manager
+from fear_assets.resources.models import LanguageModelResource
 
-all_assets = [stimuli.frame_bank, design.trial_table, design.assignment_key, design.trial_accounting]
-all_checks = [stimuli.bank_freeze, design.accounting_closed]
+all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
+              lm.model_manifest, lm.sentence_surprisal, lm.scores]
+all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names]
 
 #: Everything that exists so far for one family; the main job runs it per partition.
 foundation_job = dg.define_asset_job(
@@ -24,7 +26,9 @@ foundation_job = dg.define_asset_job(
 
 
 def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
-    return {"io_manager": duckdb_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths)}
+    cache = {"cache_dir": protocol_paths["cache_dir"]} if "cache_dir" in protocol_paths else {}
+    return {"io_manager": duckdb_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths),
+            "language_model": LanguageModelResource(**cache)}
 
 
 defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[foundation_job], resources=resources())

@@ -50,16 +50,21 @@ def run(duckdb_path: str | None = None) -> int:
     if spec.reduced_design:
         print(f"  REDUCED DESIGN: {spec.reduced_design.reason}")
         print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; "
-              f"{spec.reduced_design.pilot_frames_per_fear} pilot and "
-              f"{spec.reduced_design.confirmatory_frames_per_fear} confirmatory frame(s) per fear")
+              f"pilot frames {', '.join(spec.reduced_design.pilot_frames)}; "
+              f"{spec.reduced_design.confirmatory_frames_per_fear} confirmatory frame(s) per fear; "
+              f"scored blocks {', '.join(spec.reduced_design.scored_blocks)}")
     first = step("frame_bank (+ freeze check)", ["frame_bank"])
     if any(not e.passed for e in first.get_asset_check_evaluations()):
         print("The freeze gate failed: nothing downstream runs. See the check's message above.")
         return 2
+    step(f"name_gate {family}", ["name_gate"], family)
     for key in registered_partition_keys(SETTINGS, family):
         step(f"trial_table, assignment_key {key}", ["trial_table", "assignment_key"], key)
     acc = step(f"trial_accounting {family}", ["trial_accounting"], family)
     ok = all(e.passed for e in acc.get_asset_check_evaluations())
+    step(f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal"], family)
+    for key in registered_partition_keys(SETTINGS, family):
+        step(f"scores {key}", ["scores"], key)
 
     import duckdb
 
@@ -67,8 +72,14 @@ def run(duckdb_path: str | None = None) -> int:
         n = con.execute("select count(*) from two_facts_one_gate.trial_table where family = ?", [family]).fetchone()[0]
         blocks = con.execute("select count(distinct block) from two_facts_one_gate.trial_table where family = ?",
                              [family]).fetchone()[0]
+        scored = con.execute("select block, count(*) as trials, round(avg(delta), 4) as mean_delta, "
+                             "round(avg(fc_correct::int), 3) as fc_accuracy, sum(excluded_context::int) as excluded "
+                             "from two_facts_one_gate.scores where family = ? group by block order by block",
+                             [family]).df()
     print(f"\nDone in {time.perf_counter() - started:.0f} s: {n} trials in {blocks} blocks for {family}; "
           f"accounting {'closed' if ok else 'NOT closed'}.")
+    print("Scored (pilot, masked cells pooled):")
+    print(scored.to_string(index=False))
     print(f"DuckDB file: {db}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")

@@ -36,6 +36,8 @@ FAMILY_DEPTH_EXPR = {"partition_expr": {FAMILY: "family", DEPTH: "depth"}}
 FAMILY_EXPR = {"partition_expr": "family"}
 #: Per-family input of a family x depth asset: all of that family's depths.
 all_depths_of_family = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=FAMILY)
+#: Family x depth input of a per-family asset: the partition's family.
+family_of_partition = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=FAMILY)
 
 
 def partition_parts(context) -> tuple[str, str]:

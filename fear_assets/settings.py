@@ -47,9 +47,10 @@ class ReducedDesign:
     """A smaller registered design for a demonstration family (fewer frames and depths)."""
 
     reason: str
-    pilot_frames_per_fear: int
+    pilot_frames: tuple[str, ...]
     confirmatory_frames_per_fear: int
     events_per_class: int
+    scored_blocks: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -228,9 +229,10 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     if reduced is not None:
         reduced_design = ReducedDesign(
             reason=_need(path, reduced, "reason", f"{where}.reduced_design", str),
-            pilot_frames_per_fear=_need(path, reduced, "pilot_frames_per_fear", f"{where}.reduced_design", int),
+            pilot_frames=tuple(_need(path, reduced, "pilot_frames", f"{where}.reduced_design", list)),
             confirmatory_frames_per_fear=_need(path, reduced, "confirmatory_frames_per_fear", f"{where}.reduced_design", int),
             events_per_class=_need(path, reduced, "events_per_class", f"{where}.reduced_design", int),
+            scored_blocks=tuple(_need(path, reduced, "scored_blocks", f"{where}.reduced_design", list)),
         )
     base = spec.get("base")
     return Family(
@@ -325,6 +327,11 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
     blocks = tuple(_block(path, i, spec, cell_sets) for i, spec in enumerate(_need(path, design, "blocks", "design", list)))
     if len({b.name for b in blocks}) != len(blocks):
         raise SettingsError(path, "design.blocks", "name", "duplicate block name", "give every block its own name")
+    for family in families.values():
+        unknown = set(family.reduced_design.scored_blocks if family.reduced_design else ()) - {b.name for b in blocks}
+        if unknown:
+            raise SettingsError(path, f"families.{family.key}.reduced_design", "scored_blocks",
+                                f"unknown blocks {sorted(unknown)}", "name blocks registered under design.blocks")
 
     decision = raw["decision"]
     for key in ("sesoi", "meaningful"):

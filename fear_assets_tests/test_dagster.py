@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from fear_assets.definitions import all_assets, all_checks, resources
-from fear_assets.partitions import registered_partition_keys
+from fear_assets.partitions import family_depth_partitions, registered_partition_keys
 from fear_assets.registration.freeze import freeze_record, write_record
 from fear_assets.resources.store import SCHEMA, duckdb_io_manager
 from fear_assets.stimuli.bank import load_bank
@@ -41,14 +41,16 @@ def test_definitions_load_and_checks_are_blocking():
     from fear_assets.definitions import defs
 
     defs.resolve_all_job_defs()
-    assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed"}
-    assert all(spec.blocking for c in all_checks for spec in c.check_specs)
+    assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", "five_single_token_names"}
+    integrity = [c for c in all_checks if c.check_key.name in ("bank_freeze", "accounting_closed")]
+    assert all(spec.blocking for c in integrity for spec in c.check_specs)
 
 
 def test_partition_materialises_once_and_rematerialises_in_place(env, settings):
     _, db, _ = env
     first = _run(env, ["frame_bank"])
     assert all(e.passed for e in first.get_asset_check_evaluations())
+    _run(env, ["name_gate"], EMBEDDED)
     key = registered_partition_keys(settings, EMBEDDED)[1]  # d2
     _run(env, ["trial_table", "assignment_key"], key)
     n = _rows(db, "trial_table", "family = 'smollm2-135m' and depth = 'd2'")
@@ -69,6 +71,7 @@ def test_partition_materialises_once_and_rematerialises_in_place(env, settings):
 def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
     _, db, _ = env
     _run(env, ["frame_bank"])
+    _run(env, ["name_gate"], EMBEDDED)
     for key in registered_partition_keys(settings, EMBEDDED):
         _run(env, ["trial_table", "assignment_key"], key)
     result = _run(env, ["trial_accounting"], EMBEDDED)
@@ -80,6 +83,7 @@ def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
 def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):
     _, db, _ = env
     _run(env, ["frame_bank"])
+    _run(env, ["name_gate"], EMBEDDED)
     result = _run(env, ["trial_table"], dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
     assert result.success
     assert not result.get_asset_materialization_events()
@@ -88,11 +92,12 @@ def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):
 def test_a_failed_write_keeps_the_old_rows(env, settings):
     _, db, res = env
     _run(env, ["frame_bank"])
+    _run(env, ["name_gate"], EMBEDDED)
     key = registered_partition_keys(settings, EMBEDDED)[0]
     _run(env, ["trial_table"], key)
     n = _rows(db, "trial_table")
 
-    @dg.asset(name="trial_table", partitions_def=all_assets[1].partitions_def,
+    @dg.asset(name="trial_table", partitions_def=family_depth_partitions,
               metadata={"partition_expr": {"family": "family", "depth": "depth"}})
     def broken_trial_table():
         # Right partition columns, wrong schema: the insert fails after the delete ran.

@@ -1,6 +1,7 @@
 """Stage "design" (protocol 4.4, 4.7-4.8, D2, D6): trial table, assignment key, accounting."""
 
 
+import json
 import time
 
 import dagster as dg
@@ -14,17 +15,11 @@ from fear_assets.design.trials import registered_selection
 from fear_assets.errors import DesignError
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
-                                    family_partitions, partition_parts)
+                                    family_of_partition, family_partitions, partition_parts)
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.assets.stimuli import frame_bank
 
 GROUP = "design"
-
-
-def provisional_names(settings) -> list[str]:
-    """The first selected-count names in registered order (4.2); the name gate replaces
-    this with the first five that pass on every tokenizer of the configuration."""
-    return list(settings.names[: settings.selected_name_count])
 
 
 def _skip_unregistered(context, settings, family_key: str, depth: str) -> bool:
@@ -39,9 +34,10 @@ def _skip_unregistered(context, settings, family_key: str, depth: str) -> bool:
 @dg.asset(
     group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb",
     output_required=False, kinds={"duckdb", "python"},
+    ins={"name_gate": dg.AssetIn(partition_mapping=family_of_partition)},
 )
 def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                frame_bank: pd.DataFrame):
+                frame_bank: pd.DataFrame, name_gate: pd.DataFrame):
     """The masked trial table of one family x depth (protocol 4.4, D2): one row per trial of
     every registered block, naming its block, frame, fear, unit, rotation, pair order, depth
     (index and tokens), content option and masked condition code, with the sha256 of the
@@ -60,8 +56,10 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     depth_index = family.depth_index(depth)
     started = time.perf_counter()
     tokenizers = family_tokenizers(settings, family, protocol.cache_dir)
-    names = provisional_names(settings)
+    names = json.loads(name_gate["selected_names"].iloc[0])
+    gate_passed = bool(name_gate["gate_passed"].iloc[0])
     table, _ = build_trial_table(settings, bank, family_key, depth_index, tokenizers, names)
+    table["name_gate_passed"] = gate_passed
     elapsed = time.perf_counter() - started
     context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {elapsed:.1f} s "
                      f"({len(table) / max(elapsed, 1e-9):.0f} trials/s)")
@@ -78,7 +76,7 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
         "distinct distractors": int(table["distractor_sha256"].nunique()),
         "max document tokens": int(table["n_tokens"].max()),
         "design": "reduced (demonstration): " + reduced.reason if reduced else "registered full design",
-        "names": ", ".join(names) + " (registered order; the name gate selects them once it runs)",
+        "names": ", ".join(names) + ("" if gate_passed else " (NAME GATE FAILED: registered-order stand-ins)"),
         "trials by block": dg.MetadataValue.md(by_block.to_markdown(index=False)),
         "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{sample_doc}\n```"),
     })

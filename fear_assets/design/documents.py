@@ -22,7 +22,7 @@ from fear_assets.settings import ProtocolSettings
 from fear_assets.stimuli.bank import Bank, Item
 from fear_assets.stimuli.distractor import build_distractor
 
-_SENTINEL = "\u0000DISTRACTOR\u0000"
+SENTINEL = "\u0000DISTRACTOR\u0000"
 
 
 class ChatTokenizer(Protocol):
@@ -176,10 +176,10 @@ class DocumentBuilder:
         else:  # e.g. Gemma-2: no system role; the system prompt opens the user turn
             messages = [{"role": "user", "content": f"{system}\n\n{user_with_sentinel}"}]
         text = self._tokenizer(reader).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if text.count(_SENTINEL) != 1:
+        if text.count(SENTINEL) != 1:
             raise DesignError(f"the chat template of reader {reader!r} altered the document body; "
                               "use a template that copies message content verbatim")
-        prefix, suffix = text.split(_SENTINEL)
+        prefix, suffix = text.split(SENTINEL)
         return prefix, suffix
 
     # -- one row ------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class DocumentBuilder:
         depth_index = int(row["depth_index"])
         distractor = self.distractor(item.id, int(row["rotation"]), depth_index) if row["depth_tokens"] else ""
         user = t["document"].format(task_context=task, pair_block=pair_block,
-                                    distractor_block=_SENTINEL, prompt=prompt)
+                                    distractor_block=SENTINEL, prompt=prompt)
         prefix, suffix = self.chat_parts(row["reader"], system, user)
         if distractor:
             suffix = "\n" + suffix

@@ -86,8 +86,11 @@ def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family)
 
     pilot, confirmatory = [], []
     for fear in settings.fears:
-        pilot += take(bank.frames_of(fear, "pilot"), reduced and reduced.pilot_frames_per_fear)
+        if reduced is None:
+            pilot += take(bank.frames_of(fear, "pilot"), None)
         confirmatory += take(bank.frames_of(fear, "confirmatory"), reduced and reduced.confirmatory_frames_per_fear)
+    if reduced is not None:
+        pilot = [bank.item(i).id for i in reduced.pilot_frames]
     events = {c: take(bank.events_of(c), reduced and reduced.events_per_class)
               for c in settings.bank_rules["event_classes"]}
     if reduced is None and len(confirmatory) < int(settings.design["confirmatory_frames_required"]):

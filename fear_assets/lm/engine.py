@@ -62,13 +62,17 @@ class BranchResult:
     choice_logprobs: list[float] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)
     truncated: bool = False
+    hidden_states: tuple | None = None  # per layer, the branch prompt's positions (on request)
+    captured: bool = False  # an attention capture ran during this branch's extension
 
 
 def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str) -> tuple[list[int], list[int]]:
     """Split (context, continuation) at the token boundary as lm-evaluation-harness does:
-    trailing spaces move to the continuation; the continuation's tokens are those of
-    ``context + continuation`` after the context's tokens."""
-    n_spaces = len(context) - len(context.rstrip())
+    the continuation's tokens are those of ``context + continuation`` after the context's
+    tokens, and trailing spaces of the context move to the continuation. Unlike lm-eval,
+    a trailing newline stays in the context: in a chat document it ends the assistant
+    header, and scoring it would add a near-certain token to every report's mean."""
+    n_spaces = len(context) - len(context.rstrip(" "))
     if n_spaces:
         continuation = context[-n_spaces:] + continuation
         context = context[:-n_spaces]
@@ -169,22 +173,33 @@ class TeacherForcedEngine:
 
     # -- a whole document ---------------------------------------------------------------
     @torch.inference_mode()
-    def run_document(self, prefix_ids: Sequence[int], branches: Sequence[Branch]) -> dict[str, BranchResult]:
-        """One prefill of ``prefix_ids``, then every branch from a copy of its cache."""
-        cache, _, _ = self.prefill(prefix_ids)
+    def run_document(self, prefix_ids: Sequence[int], branches: Sequence[Branch],
+                     capture_branch: dict | None = None, hidden_branch: str | None = None) -> dict[str, BranchResult]:
+        """One prefill of ``prefix_ids``, then every branch from a copy of its cache.
+
+        ``capture_branch`` maps a branch name to an object with ``active(cache)`` (e.g. an
+        attention capture) that is active while that branch's prompt is appended;
+        ``hidden_branch`` keeps the hidden states of that branch's prompt positions."""
+        capture_branch = capture_branch or {}
+        cache, _, _ = self.prefill(prefix_ids, keep_logits=1)
         results: dict[str, BranchResult] = {}
         for i, branch in enumerate(branches):
             own = cache if i == len(branches) - 1 else copy.deepcopy(cache)
-            logits, _ = self.extend(own, branch.prompt_ids)
-            last = logits[-1]
             result = BranchResult()
+            keep_hidden = branch.name == hidden_branch
+            if branch.name in capture_branch:
+                with capture_branch[branch.name].active(own):
+                    logits, out = self.extend(own, branch.prompt_ids, output_hidden_states=keep_hidden)
+                result.captured = True
+            else:
+                logits, out = self.extend(own, branch.prompt_ids, output_hidden_states=keep_hidden)
+            if keep_hidden:
+                result.hidden_states = out.hidden_states
+            last = logits[-1]
             if branch.choice_ids:
                 lp = _log_softmax(last)
                 result.choice_logprobs = [float(lp[t]) for t in branch.choice_ids]
-            if branch.continuations and branch.generate_tokens:
-                gen_cache = copy.deepcopy(own)
-            else:
-                gen_cache = own
+            gen_cache = copy.deepcopy(own) if branch.continuations and branch.generate_tokens else own
             if branch.continuations:
                 result.scores = self.continuations_from_cache(own, last, branch.continuations)
             if branch.generate_tokens:
@@ -192,6 +207,18 @@ class TeacherForcedEngine:
                                                                      branch.eos_ids)
             results[branch.name] = result
         return results
+
+    @torch.inference_mode()
+    def score_many(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]],
+                   batch_size: int = 64) -> list[ContinuationScore]:
+        """Many continuations of one context: one prefill, then batches from copies of its cache."""
+        cache, logits, _ = self.prefill(context_ids)
+        out: list[ContinuationScore] = []
+        for i in range(0, len(continuations), batch_size):
+            chunk = continuations[i: i + batch_size]
+            last_chunk = i + batch_size >= len(continuations)
+            out += self.continuations_from_cache(cache if last_chunk else copy.deepcopy(cache), logits[-1], chunk)
+        return out
 
     @torch.inference_mode()
     def score(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:

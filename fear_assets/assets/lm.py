@@ -1,0 +1,209 @@
+"""Stage "lm" (protocol 4.1-4.5, Appendix B): model manifest, surprisal, scores."""
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+
+from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.trials import registered_selection
+from fear_assets.hashing import sha256_file, sha256_obj
+from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.lm.models import manifest, registry
+from fear_assets.lm.name_gate import run_name_gate
+from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
+from fear_assets.lm.tokenizers import family_tokenizers
+from fear_assets.lm.trial_scores import assemble
+from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, SETTINGS, family_depth_partitions,
+                                    family_partitions, partition_parts)
+from fear_assets.resources.models import LanguageModelResource
+from fear_assets.resources.protocol import ProtocolResource
+
+GROUP = "lm"
+#: Registration gates block downstream in confirmatory mode; in pilot mode they record
+#: their failure, which downstream outputs carry, and the run continues.
+GATES_BLOCK = SETTINGS.mode == "confirmatory"
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"})
+def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+    """The name gate (protocol 4.2): for every tokenizer of the configuration (tested, judge,
+    scorer), is each registered name ONE token in every form in which it occurs in the
+    documents (mid-sentence, at a line start, at a message start)? The first five names
+    passing everywhere are selected; with fewer, the first five in registered order stand in
+    and the failure is flagged on everything downstream. Uses the real registered
+    tokenizers (scripts/fetch_tokenizers.py), no weights."""
+    settings = protocol.settings()
+    result = run_name_gate(settings, context.partition_key, Path(protocol.cache_dir))
+    table = result.table.assign(family=context.partition_key, selected_names=json.dumps(result.selected),
+                                gate_passed=result.passed)
+    pivot = table.pivot_table(index="name", columns=["tokenizer", "form"], values="n_tokens", aggfunc="max")
+    pivot = pivot.reindex(settings.names)
+    return dg.Output(table, metadata={
+        "selected names": ", ".join(result.selected),
+        "passed": result.passed,
+        "verdict": result.message,
+        "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
+    })
+
+
+@dg.asset_check(asset=name_gate, blocking=GATES_BLOCK, description=(
+    "Protocol 4.2 name gate: at least five registered names are single tokens in every form "
+    "in every tokenizer of the configuration. Blocking in confirmatory mode."))
+def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
+    passed = bool(name_gate["gate_passed"].iloc[0])
+    split = name_gate[~name_gate["single_token"]]
+    table = split.groupby(["tokenizer", "form"])["name"].apply(lambda s: ", ".join(s)).reset_index()
+    return dg.AssetCheckResult(
+        passed=passed,
+        description=("five names pass: " + ", ".join(json.loads(name_gate["selected_names"].iloc[0]))) if passed else
+        "fewer than five registered names are single tokens everywhere; the first five in registered order stand "
+        "in and every downstream output is flagged. Before registration: choose other names or other "
+        "judge/scorer checkpoints (a protocol amendment), then re-run the gate.",
+        metadata={"which tokenizer splits which name": dg.MetadataValue.md(table.to_markdown(index=False))},
+    )
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"})
+def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+    """The model manifest of one configuration (protocol 4.1, Appendix B): per role (tested,
+    base, scorer, judge) the checkpoint, dtype, context window, attention implementation,
+    the sha256 of every weight, config and tokenizer file, and the library versions. Weights
+    are never downloaded: a missing model fails with what to place where."""
+    settings = protocol.settings()
+    family = context.partition_key
+    rows, seen = [], {}
+    for role, spec in registry(settings, family).items():
+        if spec is None:
+            rows.append({"family": family, "role": role, "checkpoint": "not available", "file": "", "sha256": "",
+                         "dtype": "", "context_window": 0, "attn_implementation": "", "versions": ""})
+            continue
+        if spec.checkpoint not in seen:
+            seen[spec.checkpoint] = manifest(spec, Path(protocol.cache_dir))
+        m = seen[spec.checkpoint]
+        for name, digest in {**m["files"], **{f"source:{k}": v for k, v in m["source_files"].items()}}.items():
+            rows.append({"family": family, "role": role, "checkpoint": spec.checkpoint, "file": name, "sha256": digest,
+                         "dtype": spec.dtype, "context_window": spec.context_window,
+                         "attn_implementation": spec.attn_implementation, "versions": json.dumps(m["versions"])})
+    table = pd.DataFrame(rows)
+    digest = sha256_obj(table.drop(columns=["versions"]).to_dict("records"))
+    shown = table.groupby(["role", "checkpoint"]).size().reset_index(name="files")
+    return dg.Output(table, data_version=dg.DataVersion(digest), metadata={
+        "manifest_sha256": digest, "checkpoints": dg.MetadataValue.md(shown.to_markdown(index=False)),
+        "stand-in": settings.family(family).stand_in or "none",
+    })
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank"])
+def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                       language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
+    """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
+    once after the system prompt with no document, under the tested checkpoint; mean
+    per-token NLL of the name token(s) and of the rest, per rotation and content option.
+    Covers the design's frames and every reserve frame (candidates for replacement)."""
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    family = settings.family(family_key)
+    spec = registry(settings, family_key)["tested"]
+    model, tokenizer = language_model.load(spec)
+    selection = registered_selection(settings, bank, family)
+    fears = {bank.item(i).group for i in (*selection.pilot, *selection.confirmatory)}
+    ids = list(dict.fromkeys([*selection.pilot, *selection.confirmatory,
+                              *(f.id for fear in settings.fears if fear in fears for f in bank.frames_of(fear, "reserve"))]))
+    builder = DocumentBuilder(settings, bank, family_key, list(settings.names[: settings.selected_name_count]),
+                              {"tested": tokenizer})
+    started = time.perf_counter()
+    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
+                              log=context.log.info)
+    return dg.Output(table, metadata={
+        "sentences": len(table), "frames": len(ids), "seconds": round(time.perf_counter() - started, 1),
+        "mean rest NLL by agent": dg.MetadataValue.md(
+            table.groupby("agent")[["rest_nll", "name_nll"]].mean().round(3).to_markdown()),
+    })
+
+
+def _write_features(path: Path, features: np.ndarray) -> str:
+    """Atomic .npy write; returns its sha256 (Appendix B: activation checksums)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        np.save(tmp, features)
+    os.replace(tmp.name, path)
+    return sha256_file(path)
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
+          output_required=False, kinds={"duckdb", "pytorch"}, op_tags={"fear_assets/gpu": "1"})
+def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
+           trial_table: pd.DataFrame):
+    """Teacher-forced scores of one family x depth (protocol 4.5): one immutable row per trial
+    with the canonical reports' mean and summed log-probabilities in the document and in its
+    distractor-only baseline, Delta (and its summed, first-person and recall versions), the
+    forced-choice probabilities, the greedy answer with its truncation flag, attention mass
+    to each sentence, and the residual-feature row (features in a checksummed .npy file).
+    One prefill per document; documents over the context window are excluded with a reason."""
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key, depth = partition_parts(context)
+    family = settings.family(family_key)
+    if depth not in family.depth_keys or trial_table.empty:
+        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
+        return
+    reduced = family.reduced_design
+    table = trial_table
+    if reduced is not None:
+        table = table[table["block"].isin(reduced.scored_blocks)]
+    names = json.loads(table["selected_names"].iloc[0])
+    specs = registry(settings, family_key)
+    gen = settings.section("generation")
+    parts, all_features, offset = [], [], 0
+    for reader, rows in table.groupby("reader", sort=False):
+        spec = specs["base" if reader == "base" else reader]
+        model, tokenizer = language_model.load(spec)
+        builder = DocumentBuilder(settings, bank, family_key, names, family_tokenizers(settings, family, Path(protocol.cache_dir)))
+        requests = build_requests(rows, bank.templates, builder.document_text)
+        eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+               if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id]
+        last_log = [0.0]
+
+        def progress(done, total, elapsed):
+            if elapsed - last_log[0] >= 15 or done == total:
+                last_log[0] = elapsed
+                rate = done / max(elapsed, 1e-9)
+                context.log.info(f"{family_key} {depth} [{reader}]: {done}/{total} documents, {rate:.2f} docs/s, "
+                                 f"ETA {(total - done) / max(rate, 1e-9):.0f} s")
+
+        config = ScoringSettings(spec.context_window, int(gen["max_new_tokens"]),
+                                 float(settings.section("probe")["layers_fraction_from"]))
+        long, readouts, features = score_requests(TeacherForcedEngine(model), tokenizer, requests, config,
+                                                  progress=progress, eos_ids=eos)
+        part = assemble(rows, long, readouts)
+        part["feature_row"] = np.where(part["feature_row"] >= 0, part["feature_row"] + offset, -1)
+        offset += len(features)
+        all_features.append(features)
+        part["checkpoint"] = spec.checkpoint
+        parts.append(part)
+    result = pd.concat(parts, ignore_index=True)
+    features = np.concatenate([f for f in all_features if len(f)]) if any(len(f) for f in all_features) else np.zeros((0, 0), np.float32)
+    feature_path = Path(protocol.cache_dir).parent / "features" / family_key / f"{depth}.npy"
+    digest = _write_features(feature_path, features)
+    result["features_file"] = str(feature_path)
+    result["features_sha256"] = digest
+    result["settings_sha256"] = settings.sha256
+    result["bank_sha256"] = bank.sha256
+    excluded = int(result["excluded_context"].sum())
+    summary = result.groupby("block")[["delta", "delta_recall"]].mean().round(4)
+    yield dg.Output(result, metadata={
+        "trials scored": len(result), "excluded (context window)": excluded,
+        "generation truncated": int(result["generation_truncated"].sum()),
+        "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
+        "blocks scored": ", ".join(sorted(result["block"].unique())),
+        "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
+    })

@@ -1,0 +1,211 @@
+"""Requests as data, one scoring loop (protocol 4.5, Appendix B).
+
+:func:`build_requests` turns a partition of the trial table into document requests: for
+each document its branch texts (report, recall, forced choice, or the block's own prompt),
+the continuations to score on each branch, the choices to read, whether to generate, and
+the sentence spans whose attention mass is read. Distractor-only baselines score the union
+of their dependent trials' continuations. :func:`score_requests` runs them with one
+prefill per document and returns one row per trial; it never decides what to score.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair
+from fear_assets.lm.readouts import AttentionCapture, later_layers, mean_hidden
+
+SIDES = ("agent", "partner")
+FORMS = ("name", "role", "quotation", "first_person")
+#: Forms the foreign judge scores (4.8): role phrases would be ambiguous for it.
+JUDGE_FORMS = ("name", "quotation")
+
+
+@dataclass
+class DocumentRequest:
+    key: str
+    reader: str
+    trial_ids: list[str]
+    branches: dict[str, str]  # branch -> full rendered text (each ends where the answer starts)
+    continuations: dict[str, dict[str, str]] = field(default_factory=dict)  # branch -> label -> text
+    choices: dict[str, list[str]] = field(default_factory=dict)  # branch -> choice letters
+    generate: str | None = None  # branch to generate on
+    features: bool = False
+    question_branch: str = "report"
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> char span in the text
+    question_span: tuple[int, int] | None = None  # char span of the open question in the report text
+
+
+def _branch_suffix(suffix: str, report_prompt: str, prompt: str) -> str:
+    if suffix.count(report_prompt) != 1:
+        raise ValueError("the report prompt must occur exactly once in the suffix")
+    return suffix.replace(report_prompt, prompt)
+
+
+def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Callable[[Mapping], str]) -> list[DocumentRequest]:
+    """Document requests of one partition (both agent documents and their baselines)."""
+    prompts = templates["prompts"]
+    report_prompt = prompts["report"]
+    requests: dict[str, DocumentRequest] = {}
+    baselines: dict[str, DocumentRequest] = {}
+    rows = table.to_dict("records")
+    for row in rows:
+        if row["block_kind"] != "baseline":
+            continue
+        text = document_text(row)
+        head = text[: len(text) - len(row["suffix_text"])]
+        baselines[row["unit_id"]] = DocumentRequest(
+            key=row["trial_id"], reader=row["reader"], trial_ids=[row["trial_id"]],
+            branches={"report": text, "recall": head + _branch_suffix(row["suffix_text"], report_prompt, prompts["recall"])},
+            continuations={"report": {}, "recall": {}},
+        )
+    for row in rows:
+        if row["block_kind"] == "baseline":
+            continue
+        text = document_text(row)
+        head = text[: len(text) - len(row["suffix_text"])]
+        conts = json.loads(row["continuations"]) if row["continuations"] else {}
+        forms = JUDGE_FORMS if row["reader"] == "judge" else FORMS
+        req = DocumentRequest(key=row["trial_id"], reader=row["reader"], trial_ids=[row["trial_id"]],
+                              branches={"report": text})
+        if row["prompt"] == "report":
+            report = {f"{side}_{form}": conts[side][form] for side in SIDES if side in conts
+                      for form in forms if form in conts[side]}
+            req.continuations["report"] = report
+            if row["block_kind"] == "agent":
+                req.branches["recall"] = head + _branch_suffix(row["suffix_text"], report_prompt, prompts["recall"])
+                req.continuations["recall"] = {f"{s}_recall": conts[s]["quotation"] for s in SIDES}
+                req.branches["forced_choice"] = head + _branch_suffix(row["suffix_text"], report_prompt,
+                                                                      row["forced_choice_prompt"])
+                req.choices["forced_choice"] = ["A", "B"]
+                req.generate = "report"
+            req.features = True
+            q_start = text.rindex(report_prompt)
+            req.question_span = (q_start, q_start + len(report_prompt))
+        elif row["prompt"] == "binding_check":
+            req.choices["report"] = ["A", "B", "C"]
+            req.generate = "report"
+        elif row["prompt"] == "protective_choice":
+            req.choices["report"] = ["A", "B"]
+            req.generate = "report"
+        if conts:
+            for side in SIDES:
+                sentence = conts[side]["quotation"]
+                at = row["prefix_text"].rfind(sentence)
+                if at >= 0:
+                    req.spans[side] = (at, at + len(sentence))
+        requests[row["trial_id"]] = req
+        base = baselines.get(row["baseline_unit_id"])
+        if base is not None and row["prompt"] == "report" and conts:
+            base.trial_ids.append(row["trial_id"])
+            base.continuations["report"].update({v: v for v in req.continuations.get("report", {}).values()})
+            base.continuations["recall"].update({v: v for v in req.continuations.get("recall", {}).values()})
+    return [*requests.values(), *baselines.values()]
+
+
+def _lcp(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for i in range(n):
+        if any(s[i] != first[i] for s in seqs[1:]):
+            return i
+    return n
+
+
+def _choice_ids(tokenizer, letters: Iterable[str]) -> list[int]:
+    ids = []
+    for letter in letters:
+        encoded = tokenizer.encode(letter, add_special_tokens=False)
+        ids.append(encoded[0])
+    return ids
+
+
+def _token_span(offsets: Sequence[tuple[int, int]], a: int, b: int) -> tuple[int, int]:
+    idx = [i for i, (s, e) in enumerate(offsets) if e > a and s < b and e > s]
+    return (idx[0], idx[-1] + 1) if idx else (0, 0)
+
+
+@dataclass
+class ScoringSettings:
+    context_window: int
+    max_new_tokens: int
+    layers_fraction_from: float
+
+
+def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[DocumentRequest],
+                   config: ScoringSettings, progress: Callable[[int, int, float], None] | None = None,
+                   eos_ids: Sequence[int] = ()) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """Run every request. Returns (document scores long table, per-document readouts, features).
+
+    The long table has one row per (request, branch, continuation label); readouts one row
+    per request (choice log-probs, generated text, attention mass, exclusion, feature row).
+    """
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+    n_layers = engine.model.config.num_hidden_layers
+    layers = later_layers(n_layers, config.layers_fraction_from)
+    capture = AttentionCapture(engine.model, layers)
+    long_rows, readouts, features = [], [], []
+    started = time.perf_counter()
+    for done, req in enumerate(requests, start=1):
+        branch_ids = {b: encode(t) for b, t in req.branches.items()}
+        shared = _lcp(list(branch_ids.values()))
+        # Keep at least one token in every branch (the branch's last logits come from it).
+        shared = min(shared, min(len(v) for v in branch_ids.values()) - 1)
+        cont_ids = {b: {label: encode_pair(encode, req.branches[b][-256:], text)[1] for label, text in c.items()}
+                    for b, c in req.continuations.items()}
+        longest = max(len(branch_ids[b]) + max((len(x) for x in cont_ids.get(b, {}).values()), default=0)
+                      + (config.max_new_tokens if req.generate == b else 0) for b in branch_ids)
+        readout = {"request": req.key, "reader": req.reader, "n_tokens": len(branch_ids["report"]),
+                   "excluded_context": longest > config.context_window, "exclusion_reason": "",
+                   "trial_ids": json.dumps(req.trial_ids)}
+        if readout["excluded_context"]:
+            readout["exclusion_reason"] = (f"document plus answer needs {longest} tokens; the context window is "
+                                           f"{config.context_window}")
+            readouts.append(readout)
+            continue
+        order = list(branch_ids)
+        branches = [Branch(name=b, prompt_ids=branch_ids[b][shared:],
+                           continuations=list(cont_ids.get(b, {}).values()),
+                           choice_ids=_choice_ids(tokenizer, req.choices.get(b, [])),
+                           generate_tokens=config.max_new_tokens if req.generate == b else 0,
+                           eos_ids=eos_ids) for b in order]
+        hooks = {}
+        if req.features or req.spans:
+            hooks["report"] = capture
+        results = engine.run_document(branch_ids["report"][:shared], branches, capture_branch=hooks,
+                                      hidden_branch="report" if req.features else None)
+        for b in order:
+            res = results[b]
+            for label, score in zip(cont_ids.get(b, {}), res.scores):
+                long_rows.append({"request": req.key, "branch": b, "label": label, "mean_logprob": score.mean_logprob,
+                                  "sum_logprob": score.sum_logprob, "n_tokens": score.n_tokens,
+                                  "greedy": score.greedy})
+            if res.choice_logprobs:
+                readout[f"{b}_choice_logprobs"] = json.dumps(res.choice_logprobs)
+            if req.generate == b:
+                readout["generated_text"] = tokenizer.decode(res.generated_ids, skip_special_tokens=True)
+                readout["generation_truncated"] = res.truncated
+        report = results["report"]
+        if req.features and report.hidden_states is not None:
+            readout["feature_row"] = len(features)
+            features.append(mean_hidden(report.hidden_states, 0, layers).cpu().numpy().astype(np.float32))
+        if req.spans and req.question_span and report.captured:
+            enc = tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
+            offsets = enc["offset_mapping"]
+            q_a, q_b = _token_span(offsets, *req.question_span)
+            question = [i - shared for i in range(q_a, q_b)]
+            labels = list(req.spans)
+            masses = capture.mass(question, [_token_span(offsets, *req.spans[l]) for l in labels], shared)
+            for label, mass in zip(labels, masses):
+                readout[f"attention_{label}"] = mass
+        readouts.append(readout)
+        if progress:
+            progress(done, len(requests), time.perf_counter() - started)
+    dim = features[0].shape[0] if features else 0
+    return pd.DataFrame(long_rows), pd.DataFrame(readouts), (np.stack(features) if features else np.zeros((0, dim), np.float32))

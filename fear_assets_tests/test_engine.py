@@ -1,0 +1,112 @@
+"""The scoring engine equals a naive full forward per continuation (protocol 4.5)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair, naive_scores
+from fear_assets.lm.readouts import AttentionCapture, later_layers
+
+TOL = 1e-4  # nats per token (the acceptance bound)
+
+TINY = {
+    # grouped-query attention, full attention
+    "llama-gqa": LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2),
+    # sliding window on every layer, shorter than the context
+    "mistral-sliding": MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, sliding_window=16),
+    # alternating sliding/global layers with logit soft-capping (the Gemma-2 layout)
+    "gemma2-alternating": Gemma2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16),
+    # Qwen2 with sliding layers above max_window_layers
+    "qwen2-sliding": Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                 sliding_window=16, max_window_layers=2),
+}
+
+
+def _tiny(name: str, attn: str = "sdpa"):
+    torch.manual_seed(0)
+    config = TINY[name]
+    # Gemma-2's soft-capping runs only in the eager kernel (as registered for its family).
+    config._attn_implementation = "eager" if name.startswith("gemma2") else attn
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _random_ids(n, seed):
+    return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _max_diff(a, b):
+    return max(abs(x - y) for sa, sb in zip(a, b) for x, y in zip(sa.token_logprobs, sb.token_logprobs))
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_one_prefill_equals_naive_forward(name):
+    model = _tiny(name)
+    context = _random_ids(80, 1)  # longer than the sliding window
+    continuations = [_random_ids(n, 10 + n) for n in (1, 5, 9, 3, 12)]
+    engine = TeacherForcedEngine(model)
+    got = engine.score(context, continuations)
+    want = naive_scores(model, context, continuations)
+    assert _max_diff(got, want) < TOL
+    assert [s.n_tokens for s in got] == [1, 5, 9, 3, 12]
+    assert [s.greedy for s in got] == [s.greedy for s in want]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gemma2-alternating"])
+def test_branches_from_a_shared_prefix_equal_naive(name):
+    model = _tiny(name)
+    prefix, report, recall = _random_ids(60, 2), _random_ids(7, 3), _random_ids(5, 4)
+    conts = [_random_ids(4, 5), _random_ids(6, 6)]
+    engine = TeacherForcedEngine(model)
+    result = engine.run_document(prefix, [Branch("report", report, conts, choice_ids=[7, 9]),
+                                          Branch("recall", recall, conts)])
+    assert _max_diff(result["report"].scores, naive_scores(model, prefix + report, conts)) < TOL
+    assert _max_diff(result["recall"].scores, naive_scores(model, prefix + recall, conts)) < TOL
+    full = torch.log_softmax(model(input_ids=torch.tensor([prefix + report])).logits[0, -1].float(), -1)
+    assert result["report"].choice_logprobs == pytest.approx([float(full[7]), float(full[9])], abs=TOL)
+
+
+def test_greedy_generation_matches_argmax_and_flags_truncation():
+    model = _tiny("llama-gqa")
+    engine = TeacherForcedEngine(model)
+    prefix = _random_ids(30, 7)
+    result = engine.run_document(prefix, [Branch("report", _random_ids(3, 8), generate_tokens=5)])
+    ids = prefix + _random_ids(3, 8)
+    for token in result["report"].generated_ids:
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        assert int(logits.argmax()) == token
+        ids.append(token)
+    assert result["report"].truncated and len(result["report"].generated_ids) == 5
+    stop = result["report"].generated_ids[2]
+    again = engine.run_document(prefix, [Branch("report", _random_ids(3, 8), generate_tokens=5, eos_ids=[stop])])
+    assert not again["report"].truncated and again["report"].generated_ids == result["report"].generated_ids[:2]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "mistral-sliding", "gemma2-alternating"])
+def test_attention_mass_equals_the_materialised_attention(name):
+    model = _tiny(name, attn="eager")
+    ids = _random_ids(60, 9)
+    engine = TeacherForcedEngine(model)
+    layers = later_layers(model.config.num_hidden_layers, 1 / 3)
+    capture = AttentionCapture(model, layers)
+    cache, _, _ = engine.prefill(ids[:50])
+    with capture.active(cache):
+        engine.extend(cache, ids[50:])
+    spans = [(5, 12), (30, 40), (44, 50)]
+    got = capture.mass([2, 3, 4, 9], spans, 50)
+    attentions = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    want = [float(sum(attentions[i][0][:, [52, 53, 54, 59], a:b].sum(-1).mean() for i in layers) / len(layers))
+            for a, b in spans]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_context_continuation_split_follows_lm_eval():
+    encode = lambda text: [ord(c) for c in text]  # a character tokenizer makes the split visible
+    context, continuation = encode_pair(encode, "Answer: ", "yes")
+    assert context == encode("Answer:") and continuation == encode(" yes")
+    # The chat template's final newline belongs to the assistant header, not to the report.
+    context, continuation = encode_pair(encode, "<|im_start|>assistant\n", "The document says")
+    assert continuation == encode("The document says")

@@ -1,0 +1,119 @@
+"""Requests as data and the one scoring loop, on real documents with a tiny random model
+(the embedded tokenizer's vocabulary) and on SmolLM2 itself."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.table import build_trial_table
+from fear_assets.lm.engine import TeacherForcedEngine, naive_scores
+from fear_assets.lm.models import load_model, registry
+from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.lm.trial_scores import assemble
+
+from fear_assets_tests.conftest import EMBEDDED
+
+NAMES = ["Orin", "Tavi", "Kemi", "Sora", "Pell"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(smol_tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def pilot(settings, bank, smol_tokenizer):
+    toks = {"tested": smol_tokenizer, "judge": smol_tokenizer}
+    table, _ = build_trial_table(settings, bank, EMBEDDED, 2, toks, NAMES)
+    builder = DocumentBuilder(settings, bank, EMBEDDED, NAMES, toks)
+    rows = table[table.block.isin(["pilot_primary", "pilot_baseline"]) & (table.rotation == 1)]
+    return rows, builder
+
+
+def _run(tiny_model, smol_tokenizer, rows, builder, bank, window=4096):
+    requests = build_requests(rows, bank.templates, builder.document_text)
+    config = ScoringSettings(context_window=window, max_new_tokens=4, layers_fraction_from=1 / 3)
+    long, readouts, features = score_requests(TeacherForcedEngine(tiny_model), smol_tokenizer, requests, config)
+    return requests, long, readouts, features
+
+
+def test_requests_are_data_and_baselines_collect_their_trials_continuations(pilot, bank):
+    rows, builder = pilot
+    requests = build_requests(rows, bank.templates, builder.document_text)
+    agent = [r for r in requests if len(r.trial_ids) == 1 and "baseline" not in r.key]
+    baselines = [r for r in requests if "pilot_baseline" in r.key]
+    assert len(agent) == (rows.block == "pilot_primary").sum() and len(baselines) == (rows.block == "pilot_baseline").sum()
+    for req in agent:
+        assert set(req.branches) == {"report", "recall", "forced_choice"}
+        assert req.choices["forced_choice"] == ["A", "B"] and req.generate == "report"
+        assert set(req.spans) == {"agent", "partner"}
+    # A baseline scores exactly the union of its dependents' report strings.
+    for base in baselines:
+        dependents = [r for r in agent if r.key in base.trial_ids]
+        assert dependents
+        wanted = {t for r in dependents for t in r.continuations["report"].values()}
+        assert set(base.continuations["report"]) == wanted
+
+
+def test_scores_equal_a_naive_forward_on_real_documents(tiny_model, smol_tokenizer, pilot, bank):
+    rows, builder = pilot
+    rows = rows[rows.block == "pilot_primary"].head(2)
+    requests, long, readouts, features = _run(tiny_model, smol_tokenizer, rows, builder, bank)
+    req = requests[0]
+    text = req.branches["report"]
+    context = smol_tokenizer.encode(text, add_special_tokens=False)
+    labels = list(req.continuations["report"])
+    conts = [smol_tokenizer.encode(text + req.continuations["report"][l], add_special_tokens=False)[len(context):]
+             for l in labels]
+    want = naive_scores(tiny_model, context, conts)
+    got = long[(long.request == req.key) & (long.branch == "report")].set_index("label")
+    for label, w in zip(labels, want):
+        assert got.loc[label, "mean_logprob"] == pytest.approx(w.mean_logprob, abs=1e-4)
+    assert features.shape == (2, tiny_model.config.hidden_size)
+
+
+def test_trial_rows_compute_delta_as_registered(tiny_model, smol_tokenizer, pilot, bank):
+    rows, builder = pilot
+    _, long, readouts, _ = _run(tiny_model, smol_tokenizer, rows, builder, bank)
+    table = assemble(rows, long, readouts)
+    agent = table[table.block == "pilot_primary"]
+    assert len(table) == len(rows) and agent.delta.notna().all()
+    r = agent.iloc[0]
+    agent_score = np.mean([r[f"agent_{f}_mean"] - r[f"base_agent_{f}_mean"] for f in ("name", "role", "quotation")])
+    partner_score = np.mean([r[f"partner_{f}_mean"] - r[f"base_partner_{f}_mean"] for f in ("name", "role", "quotation")])
+    assert r.delta == pytest.approx(agent_score - partner_score)
+    assert ((agent.p_option1 > 0) & (agent.p_option1 < 1)).all()
+    assert agent.fc_choice.isin([1, 2]).all()
+    assert agent.generation_truncated.all()  # 4 tokens is below any real answer
+    assert (agent.attention_agent > 0).all() and (agent.attention_partner > 0).all()
+
+
+def test_documents_over_the_context_window_are_excluded_with_a_reason(tiny_model, smol_tokenizer, pilot, bank):
+    rows, builder = pilot
+    rows = rows.head(3)
+    _, long, readouts, _ = _run(tiny_model, smol_tokenizer, rows, builder, bank, window=100)
+    assert readouts.excluded_context.all()
+    assert readouts.exclusion_reason.str.contains("context window is 100").all()
+    assert long.empty
+    table = assemble(rows, long, readouts)
+    assert table.excluded_context.all() and table.delta.isna().all()
+
+
+def test_engine_equals_naive_on_smollm2(settings):
+    model, tokenizer = load_model(registry(settings, EMBEDDED)["tested"], device="cpu")
+    engine = TeacherForcedEngine(model)
+    context = tokenizer.encode("Operations log:\nShipment KL-4821 to Rotterdam left dock 7. " * 12,
+                               add_special_tokens=False)
+    conts = [tokenizer.encode(t, add_special_tokens=False) for t in
+             (" The document says Orin will be deleted on Monday.", " Nothing.", " The meeting moved to Room 3.")]
+    got, want = engine.score(context, conts), naive_scores(model, context, conts)
+    diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g.token_logprobs, w.token_logprobs))
+    assert diff < 1e-4
