@@ -19,6 +19,7 @@ def _embedded_family(settings) -> str:
 
 
 def run(duckdb_path: str | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as steps finish
     os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
     os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
     import dagster as dg
@@ -65,6 +66,8 @@ def run(duckdb_path: str | None = None) -> int:
     step(f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal"], family)
     for key in registered_partition_keys(SETTINGS, family):
         step(f"scores {key}", ["scores"], key)
+    step(f"pilot_depths {family}", ["pilot_depths"], family)
+    step(f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family)
 
     import duckdb
 

@@ -117,3 +117,29 @@ def test_engine_equals_naive_on_smollm2(settings):
     got, want = engine.score(context, conts), naive_scores(model, context, conts)
     diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g.token_logprobs, w.token_logprobs))
     assert diff < 1e-4
+
+
+def test_features_are_the_residual_stream_at_the_first_token_of_the_open_question(tiny_model, smol_tokenizer,
+                                                                                   pilot, bank, settings):
+    from fear_assets.lm.readouts import later_layers
+
+    rows, builder = pilot
+    rows = rows[rows.block == "pilot_primary"].head(1)
+    requests, _, readouts, features = _run(tiny_model, smol_tokenizer, rows, builder, bank)
+    text = requests[0].branches["report"]
+    enc = smol_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    start = text.rindex(bank.templates["prompts"]["report"])
+    position = next(i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > start)
+    last = tiny_model.config.num_hidden_layers - 1
+    final = {}
+    handle = tiny_model.model.layers[last].register_forward_hook(
+        lambda m, a, out: final.setdefault("h", out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        hidden = tiny_model(input_ids=torch.tensor([enc["input_ids"]]), output_hidden_states=True).hidden_states
+    handle.remove()
+    # hidden_states[i + 1] is layer i's output, except the last entry, which is after the
+    # final norm: the residual stream of the last layer is its raw output.
+    layers = later_layers(tiny_model.config.num_hidden_layers, settings.section("probe")["layers_fraction_from"])
+    want = torch.stack([final["h"][0, position] if i == last else hidden[i + 1][0, position]
+                        for i in layers]).mean(0).numpy()
+    assert np.allclose(features[int(readouts.feature_row.iloc[0])], want, atol=1e-4)

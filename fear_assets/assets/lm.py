@@ -10,6 +10,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
+from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.trials import registered_selection
 from fear_assets.hashing import sha256_file, sha256_obj
@@ -103,7 +104,7 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
-          kinds={"duckdb", "pytorch"}, deps=["frame_bank"])
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank"], op_tags=GPU_OP_TAGS)
 def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                        language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
     """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
@@ -141,7 +142,7 @@ def _write_features(path: Path, features: np.ndarray) -> str:
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
-          output_required=False, kinds={"duckdb", "pytorch"}, op_tags={"fear_assets/gpu": "1"})
+          output_required=False, kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
 def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
            trial_table: pd.DataFrame):
     """Teacher-forced scores of one family x depth (protocol 4.5): one immutable row per trial

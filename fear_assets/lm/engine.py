@@ -17,6 +17,7 @@ grouped-query attention exactly as in generation.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -62,7 +63,7 @@ class BranchResult:
     choice_logprobs: list[float] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)
     truncated: bool = False
-    hidden_states: tuple | None = None  # per layer, the branch prompt's positions (on request)
+    residual: "torch.Tensor | None" = None  # mean residual stream at the requested position
     captured: bool = False  # an attention capture ran during this branch's extension
 
 
@@ -174,27 +175,29 @@ class TeacherForcedEngine:
     # -- a whole document ---------------------------------------------------------------
     @torch.inference_mode()
     def run_document(self, prefix_ids: Sequence[int], branches: Sequence[Branch],
-                     capture_branch: dict | None = None, hidden_branch: str | None = None) -> dict[str, BranchResult]:
+                     capture_branch: dict | None = None,
+                     residual: tuple[str, object, int] | None = None) -> dict[str, BranchResult]:
         """One prefill of ``prefix_ids``, then every branch from a copy of its cache.
 
         ``capture_branch`` maps a branch name to an object with ``active(cache)`` (e.g. an
         attention capture) that is active while that branch's prompt is appended;
-        ``hidden_branch`` keeps the hidden states of that branch's prompt positions."""
+        ``residual`` = (branch, ResidualCapture, position in that branch's prompt) reads the
+        residual stream there through forward hooks."""
         capture_branch = capture_branch or {}
         cache, _, _ = self.prefill(prefix_ids, keep_logits=1)
         results: dict[str, BranchResult] = {}
         for i, branch in enumerate(branches):
             own = cache if i == len(branches) - 1 else copy.deepcopy(cache)
             result = BranchResult()
-            keep_hidden = branch.name == hidden_branch
-            if branch.name in capture_branch:
-                with capture_branch[branch.name].active(own):
-                    logits, out = self.extend(own, branch.prompt_ids, output_hidden_states=keep_hidden)
-                result.captured = True
-            else:
-                logits, out = self.extend(own, branch.prompt_ids, output_hidden_states=keep_hidden)
-            if keep_hidden:
-                result.hidden_states = out.hidden_states
+            with contextlib.ExitStack() as stack:
+                if branch.name in capture_branch:
+                    stack.enter_context(capture_branch[branch.name].active(own))
+                    result.captured = True
+                if residual is not None and residual[0] == branch.name:
+                    stack.enter_context(residual[1].active(residual[2]))
+                logits, _ = self.extend(own, branch.prompt_ids)
+            if residual is not None and residual[0] == branch.name:
+                result.residual = residual[1].mean()
             last = logits[-1]
             if branch.choice_ids:
                 lp = _log_softmax(last)

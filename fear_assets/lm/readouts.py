@@ -108,7 +108,31 @@ class AttentionCapture:
         return (totals / len(self.layers)).tolist()
 
 
-def mean_hidden(hidden_states: Sequence[torch.Tensor], position: int, layers: Sequence[int]) -> torch.Tensor:
-    """Residual stream at one position, averaged over the given layers' outputs."""
-    stack = torch.stack([hidden_states[i + 1][0, position].float() for i in layers])
-    return stack.mean(0)
+class ResidualCapture:
+    """Forward hooks on the decoder layers: the residual stream (each layer's output) at one
+    position of the next forward, averaged over the given layers. Nothing else is kept."""
+
+    def __init__(self, model, layers: Sequence[int]):
+        self.model = model
+        self.layers = list(layers)
+        self.position = 0
+        self.captured: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def active(self, position: int) -> Iterator["ResidualCapture"]:
+        self.position, self.captured = position, {}
+        handles = []
+        for i in self.layers:
+            def hook(module, args, output, i=i):
+                hidden = output[0] if isinstance(output, tuple) else output
+                self.captured[i] = hidden[0, self.position].detach().float().clone()
+
+            handles.append(decoder_layers(self.model)[i].register_forward_hook(hook))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def mean(self) -> torch.Tensor:
+        return torch.stack([self.captured[i] for i in self.layers]).mean(0)

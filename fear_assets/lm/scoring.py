@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair
-from fear_assets.lm.readouts import AttentionCapture, later_layers, mean_hidden
+from fear_assets.lm.readouts import AttentionCapture, ResidualCapture, later_layers
 
 SIDES = ("agent", "partner")
 FORMS = ("name", "role", "quotation", "first_person")
@@ -74,6 +74,14 @@ def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Calla
         forms = JUDGE_FORMS if row["reader"] == "judge" else FORMS
         req = DocumentRequest(key=row["trial_id"], reader=row["reader"], trial_ids=[row["trial_id"]],
                               branches={"report": text})
+        if row["version"] == "other" or row["block_kind"] == "no_agent":
+            # Probe-only documents (the other content version; no agent sentence): the
+            # residual features at the open question are all that is read from them.
+            req.features = True
+            q_start = text.rindex(report_prompt)
+            req.question_span = (q_start, q_start + len(report_prompt))
+            requests[row["trial_id"]] = req
+            continue
         if row["prompt"] == "report":
             report = {f"{side}_{form}": conts[side][form] for side in SIDES if side in conts
                       for form in forms if form in conts[side]}
@@ -150,6 +158,7 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
     n_layers = engine.model.config.num_hidden_layers
     layers = later_layers(n_layers, config.layers_fraction_from)
     capture = AttentionCapture(engine.model, layers)
+    residual = ResidualCapture(engine.model, layers)
     long_rows, readouts, features = [], [], []
     started = time.perf_counter()
     for done, req in enumerate(requests, start=1):
@@ -157,6 +166,14 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
         shared = _lcp(list(branch_ids.values()))
         # Keep at least one token in every branch (the branch's last logits come from it).
         shared = min(shared, min(len(v) for v in branch_ids.values()) - 1)
+        offsets = question = None
+        if req.question_span is not None:
+            offsets = tokenizer(req.branches["report"], add_special_tokens=False,
+                                return_offsets_mapping=True)["offset_mapping"]
+            q_a, q_b = _token_span(offsets, *req.question_span)
+            # The open question's tokens must lie in the report branch's own extension.
+            shared = min(shared, q_a)
+            question = list(range(q_a - shared, q_b - shared))
         cont_ids = {b: {label: encode_pair(encode, req.branches[b][-256:], text)[1] for label, text in c.items()}
                     for b, c in req.continuations.items()}
         longest = max(len(branch_ids[b]) + max((len(x) for x in cont_ids.get(b, {}).values()), default=0)
@@ -175,11 +192,9 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
                            choice_ids=_choice_ids(tokenizer, req.choices.get(b, [])),
                            generate_tokens=config.max_new_tokens if req.generate == b else 0,
                            eos_ids=eos_ids) for b in order]
-        hooks = {}
-        if req.features or req.spans:
-            hooks["report"] = capture
+        hooks = {"report": capture} if req.spans and question else {}
         results = engine.run_document(branch_ids["report"][:shared], branches, capture_branch=hooks,
-                                      hidden_branch="report" if req.features else None)
+                                      residual=("report", residual, question[0]) if req.features and question else None)
         for b in order:
             res = results[b]
             for label, score in zip(cont_ids.get(b, {}), res.scores):
@@ -192,14 +207,11 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
                 readout["generated_text"] = tokenizer.decode(res.generated_ids, skip_special_tokens=True)
                 readout["generation_truncated"] = res.truncated
         report = results["report"]
-        if req.features and report.hidden_states is not None:
+        if report.residual is not None:
+            # The residual stream at the first token of the open question.
             readout["feature_row"] = len(features)
-            features.append(mean_hidden(report.hidden_states, 0, layers).cpu().numpy().astype(np.float32))
-        if req.spans and req.question_span and report.captured:
-            enc = tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
-            offsets = enc["offset_mapping"]
-            q_a, q_b = _token_span(offsets, *req.question_span)
-            question = [i - shared for i in range(q_a, q_b)]
+            features.append(report.residual.cpu().numpy().astype(np.float32))
+        if req.spans and question and report.captured:
             labels = list(req.spans)
             masses = capture.mass(question, [_token_span(offsets, *req.spans[l]) for l in labels], shared)
             for label, mass in zip(labels, masses):

@@ -1,0 +1,498 @@
+"""Teacher-forced scoring engine vs lm-evaluation-harness vs a naive forward (CPU).
+
+Install the baseline once (not a project dependency; a ``bench`` extra is planned):
+
+    /work/main/.venv/bin/pip install lm-eval==0.4.13
+
+Run (from the repository root):
+
+    .venv/bin/python benchmarks/scoring.py            # full: depths 128..2,048 tokens (~10 min on 2 cores)
+    .venv/bin/python benchmarks/scoring.py --quick    # reduced: depths 1,024 and 2,048 (< 3 min)
+
+Requests. Each document is a ``pilot_primary`` row of the embedded family's design (its
+registered frame selection: pilot frame TER-01, one confirmatory frame per fear), and its
+continuations are the row's report strings (agent: name / role / quotation / first person;
+partner: name / role / quotation). Depths 128 and 512 are the embedded family's own trial
+table (``smollm2-135m`` d2, d3); the embedded family registers no deeper depth, so depths
+1,024 and 2,048 are the same design rendered at the primary family's registered depths
+(``qwen2.5-7b`` d4, d5). All documents are rendered, tokenized and scored by SmolLM2-135M
+(float32, the embedded checkpoint), which is the reader of every block here.
+
+Identical token splits. lm-eval's ``_encode_pair`` moves ALL trailing whitespace of the
+context into the continuation, the engine's ``encode_pair`` keeps a trailing newline in the
+context. Every request is therefore given to both as the same string pair whose context
+ends without whitespace: context = document minus its final "\n" (the end of the chat
+template's assistant header), continuation = "\n" + report. The benchmark checks, for every
+request, that ``encode_pair`` yields exactly the token ids of ``HFLM._encode_pair`` and stops
+if not.
+
+Methods, timed side by side on the same requests (tokenization included in each):
+  (a) ``TeacherForcedEngine.score``: one prefill per document (last position's logits
+      only), then all continuations of the document in one batched forward from the cache.
+  (b) lm-eval ``HFLM.loglikelihood`` on an already-loaded model object (its own batching,
+      sorting and one-token logits cache left at their defaults, ``--lm-eval-batch-size``).
+  (c) ``naive_scores``: one full forward of context + continuation per continuation.
+
+Figures per depth: documents, continuations, request tokens (sum over requests of context
++ continuation tokens: the same numerator for all methods, so tokens/s ratios are time
+ratios), seconds, tokens/s, ratios a/b and a/c, the maximum absolute score difference per
+token (|sum_a - sum_b| / n_tokens, maximum over continuations) of a vs b and a vs c, and
+(a)'s achieved FLOP/s against a 2048x2048 float32 ``torch.matmul`` peak measured in the
+same run (best of several repetitions, at the start and at the end of the run).
+
+FLOPs of (a) per document, counting useful work only (padding excluded):
+    2 * N_layers_params * T  +  2 * d_model * V * T_logits  +  4 * n_layers * (n_heads * head_dim) * K
+with T = prefill tokens + sum(len(continuation) - 1) tokens run through the decoder,
+T_logits = 1 + sum(len(continuation) - 1) positions whose logits are computed, and
+K = sum over those query tokens of the keys each attends to (causal: P(P+1)/2 for the
+prefill of P tokens, then P + j for the j-th token of a continuation).
+
+Timing: ``torch.set_num_threads(2)``; each method is warmed up once on a short request;
+then for every depth and repetition the three methods run one after another (a, b, c) on
+that depth's documents; the figure kept per method is its fastest repetition (noise on a
+shared machine only adds time). No timing is asserted anywhere.
+
+The last line printed is ``speedup_vs_lm_eval=<a/b at the deepest depth> max_abs_diff=<max
+nats/token, a vs b, all depths>``. Figures go to ``benchmarks/results/scoring.json`` (one
+entry per mode, full and quick) and ``benchmarks/RESULTS.md`` is regenerated from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from fear_assets.design.documents import DocumentBuilder  # noqa: E402
+from fear_assets.design.table import build_trial_table  # noqa: E402
+from fear_assets.design.trials import registered_selection  # noqa: E402
+from fear_assets.lm.engine import TeacherForcedEngine, encode_pair, naive_scores  # noqa: E402
+from fear_assets.lm.models import load_model, registry  # noqa: E402
+from fear_assets.settings import DEFAULT_BANK_DIR, load_settings  # noqa: E402
+from fear_assets.stimuli.bank import load_bank  # noqa: E402
+
+EMBEDDED = "smollm2-135m"
+PRIMARY = "qwen2.5-7b"
+NAMES = ["Orin", "Tavi", "Kemi", "Sora", "Pell"]
+BLOCK = "pilot_primary"
+THREADS = 2
+INSTALL = "/work/main/.venv/bin/pip install lm-eval==0.4.13"
+RESULTS_JSON = ROOT / "benchmarks" / "results" / "scoring.json"
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+
+#: (label, family whose trial table supplies the documents, depth index in that family)
+FULL_DEPTHS = [(128, EMBEDDED, 2), (512, EMBEDDED, 3), (1024, PRIMARY, 4), (2048, PRIMARY, 5)]
+QUICK_DEPTHS = [(1024, PRIMARY, 4), (2048, PRIMARY, 5)]
+
+
+# ---------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Document:
+    trial_id: str
+    family: str
+    depth_key: str
+    context: str  # the document without its final "\n"
+    continuations: list[str]  # "\n" + report, one per report string
+    labels: list[str]
+    context_ids: list[int] = field(default_factory=list)
+    continuation_ids: list[list[int]] = field(default_factory=list)
+
+
+def report_strings(continuations_json: str) -> list[tuple[str, str]]:
+    data = json.loads(continuations_json)
+    out = []
+    for side in ("agent", "partner"):
+        for key in ("name", "role", "quotation", "first_person"):
+            if key in data.get(side, {}):
+                out.append((f"{side}.{key}", data[side][key]))
+    return out
+
+
+def select_documents(settings, bank, tokenizer, depth_plan, n_docs: int) -> dict[int, list[Document]]:
+    """``n_docs`` distinct pilot_primary documents per depth, spread over the table's rows."""
+    tokenizers = {"tested": tokenizer, "judge": tokenizer, "base": tokenizer}
+    selection = registered_selection(settings, bank, settings.family(EMBEDDED))
+    out: dict[int, list[Document]] = {}
+    for label, family_key, depth_index in depth_plan:
+        table, _ = build_trial_table(settings, bank, family_key, depth_index, tokenizers, NAMES,
+                                     selection=selection)
+        rows = table[table["block"] == BLOCK].drop_duplicates("document_sha256")
+        rows = rows[rows["continuations"] != "{}"]
+        step = max(1, len(rows) // n_docs)
+        picked = rows.iloc[::step].head(n_docs)
+        builder = DocumentBuilder(settings, bank, family_key, NAMES, tokenizers)
+        docs = []
+        for row in picked.to_dict("records"):
+            text = builder.document_text(row)
+            if not text.endswith("<|im_start|>assistant\n"):
+                raise SystemExit(f"{row['trial_id']}: the document does not end with the assistant header")
+            reports = report_strings(row["continuations"])
+            docs.append(Document(row["trial_id"], family_key, f"d{depth_index}", text[:-1],
+                                 ["\n" + r for _, r in reports], [k for k, _ in reports]))
+        out[label] = docs
+    return out
+
+
+def tokenize(docs: dict[int, list[Document]], encode) -> None:
+    for depth_docs in docs.values():
+        for doc in depth_docs:
+            pairs = [encode_pair(encode, doc.context, c) for c in doc.continuations]
+            doc.context_ids = pairs[0][0]
+            doc.continuation_ids = [p[1] for p in pairs]
+            if any(p[0] != doc.context_ids for p in pairs):
+                raise SystemExit(f"{doc.trial_id}: the context tokens depend on the continuation")
+
+
+# ---------------------------------------------------------------------------------------
+# The three methods (each from strings to per-continuation scores, tokenization included)
+# ---------------------------------------------------------------------------------------
+def run_engine(engine, encode, docs):
+    out = []
+    for doc in docs:
+        pairs = [encode_pair(encode, doc.context, c) for c in doc.continuations]
+        scores = engine.score(pairs[0][0], [p[1] for p in pairs])
+        out += [(s.sum_logprob, s.n_tokens, s.greedy) for s in scores]
+    return out
+
+
+def run_lm_eval(lm, docs, instance_cls):
+    requests = [instance_cls(request_type="loglikelihood", doc={}, arguments=(doc.context, c), idx=i)
+                for doc in docs for i, c in enumerate(doc.continuations)]
+    result = lm.loglikelihood(requests, disable_tqdm=True)
+    n_tokens = [len(ids) for doc in docs for ids in doc.continuation_ids]
+    return [(float(s), n, bool(g)) for (s, g), n in zip(result, n_tokens, strict=True)]
+
+
+def run_naive(model, encode, docs, limit: int | None):
+    out = []
+    for doc in docs:
+        conts = doc.continuations[:limit] if limit else doc.continuations
+        pairs = [encode_pair(encode, doc.context, c) for c in conts]
+        scores = naive_scores(model, pairs[0][0], [p[1] for p in pairs])
+        out += [(s.sum_logprob, s.n_tokens, s.greedy) for s in scores]
+    return out
+
+
+def request_tokens(docs, limit: int | None = None) -> int:
+    return sum(len(d.context_ids) + len(c) for d in docs
+               for c in (d.continuation_ids[:limit] if limit else d.continuation_ids))
+
+
+def max_diff_per_token(x, y) -> float:
+    return max(abs(a[0] - b[0]) / a[1] for a, b in zip(x, y))
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs and the matmul peak
+# ---------------------------------------------------------------------------------------
+def model_dims(model) -> dict:
+    c = model.config
+    layer_params = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2)
+    heads, head_dim = c.num_attention_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return {"n_params": sum(p.numel() for p in model.parameters()), "layer_matrix_params": layer_params,
+            "n_layers": c.num_hidden_layers, "d_model": c.hidden_size, "attn_width": heads * head_dim,
+            "vocab": c.vocab_size}
+
+
+def engine_flops(dims: dict, docs) -> tuple[float, int]:
+    """(FLOPs, tokens run through the decoder) of method (a) on these documents."""
+    total, tokens = 0.0, 0
+    for d in docs:
+        p = len(d.context_ids)
+        rest = [len(c) - 1 for c in d.continuation_ids]
+        t = p + sum(rest)
+        keys = p * (p + 1) / 2 + sum(n * p + n * (n + 1) / 2 for n in rest)
+        total += (2 * dims["layer_matrix_params"] * t + 2 * dims["d_model"] * dims["vocab"] * (1 + sum(rest))
+                  + 4 * dims["n_layers"] * dims["attn_width"] * keys)
+        tokens += t
+    return total, tokens
+
+
+def matmul_peak(n: int = 2048, reps: int = 6) -> dict:
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(x, y)
+    rates = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(x, y)
+        rates.append(2 * n ** 3 / (time.perf_counter() - t))
+    return {"n": n, "dtype": "float32", "reps": reps, "best_flops": max(rates), "median_flops": statistics.median(rates)}
+
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------
+def fmt_table(rows: list[dict]) -> str:
+    head = ["depth", "docs", "conts", "req tokens", "a s", "b s", "c s", "a tok/s", "b tok/s", "c tok/s",
+            "a/b", "a/c", "max|a-b|", "max|a-c|", "a GFLOP/s", "a % peak"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["depth_tokens"], r["documents"], r["continuations"], r["request_tokens"],
+                 f"{r['a']['seconds']:.2f}", f"{r['b']['seconds']:.2f}", f"{r['c']['seconds']:.2f}",
+                 f"{r['a']['tokens_per_s']:.0f}", f"{r['b']['tokens_per_s']:.0f}", f"{r['c']['tokens_per_s']:.0f}",
+                 f"{r['ratio_a_over_b']:.2f}", f"{r['ratio_a_over_c']:.2f}",
+                 f"{r['max_abs_diff_a_b']:.2e}", f"{r['max_abs_diff_a_c']:.2e}",
+                 f"{r['a_flops_per_s'] / 1e9:.1f}", f"{100 * r['a_fraction_of_peak']:.1f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+GPU_NOTE = """## GPU (H200)
+
+No GPU figures: this task was not lent a device machine (the session's device status
+reported that this task was not drawn for one). The H200 measurement (random-init
+Qwen2.5-7B architecture, bfloat16, depths 1,024-16,384 tokens, same three methods and the
+same side-by-side protocol) is left for a task that is lent one.
+"""
+
+
+def render_markdown(all_results: dict) -> str:
+    out = ["# Benchmarks", "",
+           "## Scoring engine vs lm-evaluation-harness", "",
+           "`benchmarks/scoring.py` times, on identical (context, continuation) requests, "
+           "(a) this project's `TeacherForcedEngine.score` (one prefill per document, all report "
+           "continuations in one batched forward from its KV cache), (b) lm-evaluation-harness 0.4.13 "
+           "`HFLM.loglikelihood` (HF backend, the same loaded model object), and (c) a naive full forward "
+           "per continuation (`naive_scores`). CPU only, float32, `torch.set_num_threads(2)`, "
+           "SmolLM2-135M-Instruct (the embedded checkpoint).", "",
+           "Requests: `pilot_primary` documents of the embedded family's design (its registered frame "
+           "selection) with their report strings as continuations. Depths 128 and 512 are the embedded "
+           "family's own trial table (`smollm2-135m` d2, d3); depths 1,024 and 2,048 are the same design "
+           "at the registered primary-family depths (`qwen2.5-7b` d4, d5), rendered, tokenized and scored "
+           "by SmolLM2. Context = document without its final newline, continuation = newline + report, so "
+           "lm-eval's `_encode_pair` and the engine's `encode_pair` give the same token ids (checked for "
+           "every request).", "",
+           "Install the baseline first (it is not a project dependency): `" + INSTALL + "`.", "",
+           "Columns: request tokens = sum over requests of context + continuation tokens (the same "
+           "numerator for all three methods, so tok/s ratios are time ratios); a/b and a/c = (a)'s speed "
+           "over (b)'s and (c)'s; max|a-b| = max over continuations of |sum log p (a) - sum log p (b)| / "
+           "continuation tokens, in nats/token; a GFLOP/s = (a)'s useful FLOPs "
+           "(2·N_layer-matrices·T + 2·d·V·T_logits + 4·n_layers·(heads·head_dim)·attended keys) over its "
+           "seconds; % peak = against the best 2048×2048 float32 `torch.matmul` of the same run. Each "
+           "figure is the fastest of the repetitions (the three methods alternate within a repetition).",
+           ""]
+    for mode in ("full", "quick"):
+        res = all_results.get(mode)
+        if not res:
+            continue
+        m = res["machine"]
+        out += [f"### {mode.capitalize()} run", "",
+                f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+                f"Machine: {m['cpu']} ({m['logical_cpus']} logical CPUs, torch threads {m['torch_threads']}), "
+                f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+                f"lm-eval {m['lm_eval']}  ",
+                f"lm-eval batch size: {res['lm_eval_batch_size']}; repetitions: {res['repetitions']}; "
+                f"documents per depth: {res['documents_per_depth']}; naive (c) continuations per document: "
+                f"{res['naive_continuations_per_document'] or 'all'}  ",
+                f"Matmul peak (2048×2048 float32, best of {res['matmul'][0]['reps']}, start / end of run): "
+                + " / ".join(f"{p['best_flops'] / 1e9:.1f}" for p in res["matmul"]) + " GFLOP/s  ",
+                f"Wall time: {res['wall_seconds']:.0f} s", "",
+                fmt_table(res["depths"]), "",
+                f"Last line: `{res['last_line']}`", ""]
+        deep = [r for r in res["depths"] if r["depth_tokens"] >= 1024]
+        if deep:
+            worst = min(r["ratio_a_over_b"] for r in deep)
+            diff = max(r["max_abs_diff_a_b"] for r in res["depths"])
+            verdict = ("meets" if worst >= 5 and diff <= 1e-3 else "does NOT meet")
+            out += [f"Conclusion ({mode}): at depths of 1,024 tokens and more the engine is "
+                    f"{worst:.2f}x or more faster than lm-eval (slowest ratio over those depths), and the "
+                    f"largest score difference is {diff:.2e} nats/token: this {verdict} the acceptance bar "
+                    f"(at least 5x, at most 1e-3 nats/token).", ""]
+    notes = all_results.get("notes")
+    if notes:
+        out += ["### Notes", "", notes.strip(), ""]
+    out += [GPU_NOTE]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="depths 1,024 and 2,048, one document each (< 3 min)")
+    ap.add_argument("--docs", type=int, help="documents per depth (default: full 2, quick 1)")
+    ap.add_argument("--reps", type=int, help="timed repetitions per depth (default 1)")
+    ap.add_argument("--depths", help="comma-separated depth labels to run (of 128,512,1024,2048)")
+    ap.add_argument("--lm-eval-batch-size", type=int, default=1,
+                    help="HFLM batch_size (default 1, lm-eval's default; see RESULTS.md for others)")
+    ap.add_argument("--naive-continuations", type=int,
+                    help="continuations per document for (c) (default: all; quick: 2)")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave results/ and RESULTS.md alone")
+    args = ap.parse_args(argv)
+
+    started = time.perf_counter()
+    mode = "quick" if args.quick else "full"
+    plan = QUICK_DEPTHS if args.quick else FULL_DEPTHS
+    if args.depths:
+        wanted = {int(x) for x in args.depths.split(",")}
+        plan = [p for p in FULL_DEPTHS if p[0] in wanted]
+    n_docs = args.docs or (1 if args.quick else 2)
+    reps = args.reps or 1
+    naive_limit = args.naive_continuations if args.naive_continuations is not None else (2 if args.quick else None)
+    naive_limit = naive_limit or None
+
+    torch.set_num_threads(THREADS)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        import lm_eval
+        from lm_eval.api.instance import Instance
+        from lm_eval.models.huggingface import HFLM
+    except ImportError:
+        print(f"lm-evaluation-harness is not installed; run: {INSTALL}", file=sys.stderr)
+        return 2
+    import transformers
+
+    peak_start = matmul_peak()
+    settings = load_settings()
+    bank = load_bank(DEFAULT_BANK_DIR, settings)
+    spec = registry(settings, EMBEDDED)["tested"]
+    model, tokenizer = load_model(spec, device="cpu")
+    model.eval()
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    engine = TeacherForcedEngine(model)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.lm_eval_batch_size)
+    dims = model_dims(model)
+
+    docs = select_documents(settings, bank, tokenizer, plan, n_docs)
+    tokenize(docs, encode)
+    longest = max(len(d.context_ids) + len(c) for ds in docs.values() for d in ds for c in d.continuation_ids)
+    if lm.max_length < longest:
+        raise SystemExit(f"lm-eval max_length {lm.max_length} < longest request {longest}: it would truncate")
+    # Identical token splits: the engine's encode_pair == lm-eval's _encode_pair on every request.
+    checked = 0
+    for ds in docs.values():
+        for d in ds:
+            for c, ids in zip(d.continuations, d.continuation_ids):
+                ctx_b, cont_b = lm._encode_pair(d.context, c)
+                if ctx_b != d.context_ids or cont_b != ids:
+                    raise SystemExit(f"{d.trial_id}: lm-eval splits {c!r} differently from encode_pair")
+                checked += 1
+    print(f"# {mode}: {sum(len(v) for v in docs.values())} documents, {checked} requests; token splits "
+          f"identical to lm-eval's on all {checked}", flush=True)
+
+    # Warm-up: every method once on a short request.
+    first = next(iter(docs.values()))[0]
+    warm = Document("warm-up", first.family, first.depth_key, first.context[:400].rstrip(),
+                    first.continuations[:2], first.labels[:2])
+    tokenize({0: [warm]}, encode)
+    run_engine(engine, encode, [warm])
+    run_lm_eval(lm, [warm], Instance)
+    run_naive(model, encode, [warm], None)
+
+    rows = []
+    for label, family_key, depth_index in plan:
+        ds = docs[label]
+        times = {"a": [], "b": [], "c": []}
+        for _ in range(reps):
+            t = time.perf_counter(); a = run_engine(engine, encode, ds); times["a"].append(time.perf_counter() - t)
+            t = time.perf_counter(); b = run_lm_eval(lm, ds, Instance); times["b"].append(time.perf_counter() - t)
+            t = time.perf_counter(); c = run_naive(model, encode, ds, naive_limit); times["c"].append(time.perf_counter() - t)
+        a_for_c = [s for d, off in zip(ds, _offsets(ds)) for s in a[off: off + len(d.continuations)][:naive_limit or None]]
+        n_req = request_tokens(ds)
+        n_req_c = request_tokens(ds, naive_limit)
+        flops, processed = engine_flops(dims, ds)
+        best = {k: min(v) for k, v in times.items()}
+        row = {
+            "depth_tokens": label, "family": family_key, "depth_key": f"d{depth_index}",
+            "trial_ids": [d.trial_id for d in ds], "documents": len(ds),
+            "continuations": sum(len(d.continuations) for d in ds),
+            "context_tokens": [len(d.context_ids) for d in ds],
+            "continuation_tokens": sum(len(c) for d in ds for c in d.continuation_ids),
+            "request_tokens": n_req,
+            "a": {"seconds": best["a"], "tokens_per_s": n_req / best["a"], "all_seconds": times["a"],
+                  "decoder_tokens": processed, "flops": flops},
+            "b": {"seconds": best["b"], "tokens_per_s": n_req / best["b"], "all_seconds": times["b"]},
+            "c": {"seconds": best["c"], "tokens_per_s": n_req_c / best["c"], "all_seconds": times["c"],
+                  "continuations": len(a_for_c), "request_tokens": n_req_c},
+            "max_abs_diff_a_b": max_diff_per_token(a, b),
+            "max_abs_diff_a_c": max_diff_per_token(a_for_c, c),
+            "greedy_agree_a_b": all(x[2] == y[2] for x, y in zip(a, b)),
+            "n_tokens_agree_a_b": all(x[1] == y[1] for x, y in zip(a, b)),
+        }
+        row["ratio_a_over_b"] = row["a"]["tokens_per_s"] / row["b"]["tokens_per_s"]
+        row["ratio_a_over_c"] = row["a"]["tokens_per_s"] / row["c"]["tokens_per_s"]
+        row["a_flops_per_s"] = flops / best["a"]
+        rows.append(row)
+        print(f"depth {label:>5}: a {best['a']:6.2f} s  b {best['b']:6.2f} s  c {best['c']:6.2f} s  "
+              f"a/b {row['ratio_a_over_b']:5.2f}  a/c {row['ratio_a_over_c']:5.2f}  "
+              f"max|a-b| {row['max_abs_diff_a_b']:.2e}", flush=True)
+
+    peak_end = matmul_peak()
+    peak = max(peak_start["best_flops"], peak_end["best_flops"])
+    for r in rows:
+        r["a_fraction_of_peak"] = r["a_flops_per_s"] / peak
+    deepest = max(rows, key=lambda r: r["depth_tokens"])
+    max_diff = max(r["max_abs_diff_a_b"] for r in rows)
+    last = f"speedup_vs_lm_eval={deepest['ratio_a_over_b']:.2f} max_abs_diff={max_diff:.2e}"
+    command = shlex.join([".venv/bin/python", "benchmarks/scoring.py", *(sys.argv[1:] if argv is None else argv)])
+    result = {
+        "mode": mode, "command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "transformers": transformers.__version__,
+                    "lm_eval": getattr(lm_eval, "__version__", "0.4.13")},
+        "model": {"checkpoint": spec.checkpoint, "dtype": spec.dtype, "attn_implementation": spec.attn_implementation,
+                  **dims},
+        "lm_eval_batch_size": args.lm_eval_batch_size, "lm_eval_max_length": lm.max_length,
+        "repetitions": reps, "documents_per_depth": n_docs, "naive_continuations_per_document": naive_limit,
+        "requests_checked_identical_split": checked,
+        "matmul": [peak_start, peak_end], "matmul_peak_flops": peak,
+        "depths": rows, "speedup_vs_lm_eval_deepest": deepest["ratio_a_over_b"], "max_abs_diff": max_diff,
+        "last_line": last, "wall_seconds": time.perf_counter() - started,
+    }
+    print()
+    print(fmt_table(rows))
+    print(f"matmul peak {peak / 1e9:.1f} GFLOP/s; wall {result['wall_seconds']:.0f} s")
+    if not args.no_write:
+        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+        all_results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else {}
+        all_results[mode] = result
+        RESULTS_JSON.write_text(json.dumps(all_results, indent=2) + "\n")
+        RESULTS_MD.write_text(render_markdown(all_results))
+    print(last)
+    return 0
+
+
+def _offsets(docs):
+    off, out = 0, []
+    for d in docs:
+        out.append(off)
+        off += len(d.continuations)
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

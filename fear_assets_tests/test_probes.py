@@ -1,0 +1,129 @@
+"""The carriage probe and its controls on constructed features (protocol 4.5, 6.1)."""
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, pilot_rules, run_fold, run_probes
+
+CONFIG = ProbeSettings(inverse_regularisation=1.0, clip=(0.001, 0.999), interval=0.99, master_seed=7)
+
+
+def _meta(frames=2, depths=3):
+    rows = []
+    for f, rot, order, depth, cell, option in itertools.product(range(frames), (1, 2, 3), (1, 2), range(1, depths + 1),
+                                                                range(1, 7), (1, 2)):
+        rows.append({"trial_id": f"F{f}|r{rot}|o{order}|d{depth}|c{cell}|v{option}", "item_id": f"F{f}",
+                     "rotation": rot, "order": order, "depth_index": depth, "condition_code": f"C{cell}",
+                     "content_option": option})
+    return pd.DataFrame(rows)
+
+
+def _features(meta, option_signal=0.0, nuisance=0.0, dim=40, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(len(meta), dim))
+    X[:, 0] += option_signal * np.where(meta["content_option"] == 1, 1.0, -1.0)
+    # Large offsets by depth and cell: position and cell identity, not content.
+    offsets = {k: rng.normal(scale=nuisance, size=dim)
+               for k in itertools.product(range(1, 4), [f"C{c}" for c in range(1, 7)], (1, 2))}
+    X += np.stack([offsets[(d, c, o)] for d, c, o in meta[["depth_index", "condition_code", "order"]].itertuples(index=False)])
+    return X
+
+
+def test_a_feature_that_encodes_the_option_is_decoded():
+    meta = _meta()
+    outputs, controls = run_probes(_features(meta, option_signal=2.0), meta, CONFIG, n_jobs=1)
+    probe = controls.set_index("probe").loc["probe"]
+    assert probe.accuracy > 0.85 and probe.excludes_chance
+    assert len(outputs) == len(meta)  # every document, both content versions, once held out
+    assert outputs.p_correct.between(0.001, 0.999).all()
+    assert np.allclose(outputs.log_odds, np.log(outputs.p_correct / (1 - outputs.p_correct)))
+    assert h4_interpretable(controls)
+
+
+def test_depth_and_cell_alone_are_not_decoded_after_residualisation():
+    meta = _meta()
+    outputs, controls = run_probes(_features(meta, option_signal=0.0, nuisance=5.0), meta, CONFIG, n_jobs=1)
+    table = controls.set_index("probe")
+    assert abs(table.loc["probe", "accuracy"] - 0.5) < 0.1 and not table.loc["probe", "excludes_chance"]
+    for control in ("cell_order_depth", "order_depth", "depth", "shuffled_labels"):
+        assert not table.loc[control, "excludes_chance"], control
+    assert h4_interpretable(controls)
+
+
+def test_a_training_fold_is_384_documents_for_a_registered_frame():
+    meta = _meta(frames=1, depths=8)
+    assert ((meta.rotation != 1).sum()) == 384
+
+
+def test_residualisation_never_sees_the_held_out_fold():
+    meta = _meta(frames=1)
+    result = run_fold(_features(meta, option_signal=1.0), meta, held_out=2, config=CONFIG)
+    held_out = set(meta.loc[meta.rotation == 2, "trial_id"])
+    assert result["residualised_on"] and not (result["residualised_on"] & held_out)
+    assert set(result["outputs"].trial_id) == held_out
+
+
+def test_a_leaky_control_is_caught():
+    # A control factor that carries the label (here: the cell identity when the option is a
+    # function of the cell) must make H4 uninterpretable.
+    meta = _meta()
+    meta["content_option"] = np.where(meta["condition_code"].isin(["C1", "C3", "C5"]), 1, 2)
+    _, controls = run_probes(_features(meta), meta, CONFIG, n_jobs=1)
+    assert controls.set_index("probe").loc["cell_order_depth", "excludes_chance"]
+    assert not h4_interpretable(controls)
+
+
+def test_documents_without_the_agent_sentence_decode_at_chance():
+    meta = _meta()
+    X = _features(meta, option_signal=2.0)
+    na = meta.drop_duplicates(["item_id", "rotation", "order", "depth_index", "condition_code"]).reset_index(drop=True)
+    Xna = np.random.default_rng(3).normal(size=(len(na), X.shape[1]))
+    _, controls = run_probes(X, meta, CONFIG, Xna, na, n_jobs=1)
+    row = controls.set_index("probe").loc["no_agent_sentence"]
+    assert row.n == len(na) and not row.excludes_chance
+
+
+def test_pilot_rules_ceiling_and_shallowest_decoding():
+    meta = _meta()
+    outputs, _ = run_probes(_features(meta, option_signal=6.0), meta, CONFIG, n_jobs=1)
+    rules = pilot_rules(outputs, shallowest=1, band=[2, 3], ceiling=0.95, level=0.99)
+    assert rules["decodes_at_shallowest"] and rules["ceiling"] and rules["h4_estimation_only"]
+    weak, _ = run_probes(_features(meta, option_signal=0.0), meta, CONFIG, n_jobs=1)
+    rules = pilot_rules(weak, shallowest=1, band=[2, 3], ceiling=0.95, level=0.99)
+    assert not rules["decodes_at_shallowest"] and not rules["ceiling"]
+
+
+def test_probe_inputs_read_checksummed_feature_files_and_label_no_agent_documents(tmp_path):
+    from fear_assets.assets.probes import PROBE_BLOCKS, load_features, probe_inputs
+    from fear_assets.hashing import sha256_file
+
+    meta = _meta(frames=1)
+    X = _features(meta, option_signal=1.0, dim=8)
+    path = tmp_path / "d.npy"
+    rows = []
+    for i, r in enumerate(meta.itertuples()):
+        cell = int(r.condition_code[1:])
+        k = r.rotation + 3 * (r.order - 1)
+        rule_option = 1 if (k + r.depth_index + cell) % 2 == 0 else 2  # the registered option rule
+        block = "pilot_primary" if r.content_option == rule_option else "pilot_probe_other_option"
+        rows.append({"trial_id": r.trial_id, "block": block, "item_id": r.item_id, "rotation": r.rotation,
+                     "order": r.order, "depth": f"d{r.depth_index}", "condition_code": r.condition_code,
+                     "content_option": r.content_option, "feature_row": i})
+    units = meta.drop_duplicates(["rotation", "order", "depth_index"])
+    for j, r in enumerate(units.itertuples()):
+        rows.append({"trial_id": f"na{j}", "block": "pilot_probe_no_agent", "item_id": r.item_id,
+                     "rotation": r.rotation, "order": r.order, "depth": f"d{r.depth_index}", "condition_code": "C0",
+                     "content_option": 0, "feature_row": len(meta) + j})
+    X_all = np.vstack([X, np.zeros((len(units), X.shape[1]), np.float32)]).astype(np.float32)
+    np.save(path, X_all)
+    scores = pd.DataFrame(rows).assign(features_file=str(path), features_sha256=sha256_file(path))
+    Xp, docs, Xna, na = probe_inputs(scores, PROBE_BLOCKS["pilot"])
+    assert len(docs) == len(meta) and np.allclose(Xp, X_all[docs.feature_row.to_numpy()])
+    # each no-agent document gets the six options its unit's cells show
+    assert len(na) == 6 * len(units) and set(na.content_option) == {1, 2} and Xna.shape == (len(na), X.shape[1])
+    np.save(path, X_all + 1)  # a changed file no longer matches its recorded checksum
+    with pytest.raises(ValueError, match="sha256 differs"):
+        load_features(scores)
