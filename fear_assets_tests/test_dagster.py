@@ -148,3 +148,26 @@ def test_bad_bank_fails_the_asset_and_writes_nothing(env, tmp_path, settings, ba
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "TER-01" in str(failure.event_specific_data.error) and "content_options" in str(failure.event_specific_data.error)
     assert _rows(db, "frame_bank") == before
+
+
+def test_a_failed_name_gate_blocks_downstream_in_confirmatory_mode_and_is_flagged_in_pilot_mode(env, tmp_path,
+                                                                                             settings):
+    _, db, _ = env
+    _run(env, ["frame_bank"])
+    result = _run(env, ["name_gate"], EMBEDDED)
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed and "registered order stand in" in check.description  # SmolLM2 splits every name
+    key = registered_partition_keys(settings, EMBEDDED)[0]
+    _run(env, ["trial_table"], key)
+    with duckdb.connect(db, read_only=True) as con:
+        flags = con.execute(f"select distinct name_gate_passed from {SCHEMA}.trial_table").fetchall()
+    assert flags == [(False,)]
+    confirmatory = tmp_path / "settings.yaml"
+    raw = yaml.safe_load(open(settings.path))
+    raw["protocol"]["mode"] = "confirmatory"
+    confirmatory.write_text(yaml.safe_dump(raw))
+    res = resources(db, settings_path=str(confirmatory), cache_dir=str(tmp_path / "c"))
+    blocked = _run(env, ["trial_table"], key, raise_on_error=False, res=res)
+    assert not blocked.success
+    failure = [e for e in blocked.all_events if e.is_step_failure][0]
+    assert "confirmatory mode" in str(failure.event_specific_data.error)

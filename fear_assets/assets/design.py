@@ -58,6 +58,11 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     tokenizers = family_tokenizers(settings, family, protocol.cache_dir)
     names = json.loads(name_gate["selected_names"].iloc[0])
     gate_passed = bool(name_gate["gate_passed"].iloc[0])
+    if not gate_passed and settings.mode == "confirmatory":
+        # A check blocks only inside its own run; the gate's stored verdict blocks every later one.
+        raise dg.Failure(description=f"the name gate failed for {family_key} and the settings are in confirmatory "
+                                     "mode: nothing downstream is built. See the name_gate asset's check for which "
+                                     "tokenizer splits which name.")
     table, _ = build_trial_table(settings, bank, family_key, depth_index, tokenizers, names)
     table["name_gate_passed"] = gate_passed
     elapsed = time.perf_counter() - started
