@@ -28,7 +28,6 @@ Face ``tokenizer.json``).
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence
 
 from fear_assets.errors import DesignError, SettingsError
+from fear_assets.hashing import sha256_file  # noqa: F401  (also used by scripts/fetch_tokenizers.py)
 from fear_assets.settings import DEFAULT_CACHE_DIR, ProtocolSettings
 
 REGISTERED_DIRNAME = "registered_tokenizers"
@@ -135,14 +135,6 @@ def registered_for_checkpoint(settings: ProtocolSettings, checkpoint: str) -> Re
         if checkpoint in entry.checkpoints:
             return entry
     return None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""Parameter recovery for the registered primary model (protocol 6.1; D3, D3b)."""
+
+import itertools
+
+import arviz as az
+import numpy as np
+import pandas as pd
+import pytest
+
+import fear_assets
+from fear_assets.analysis.coding import sum_columns
+from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, hypotheses, posterior_draws,
+                                                prepare, sample)
+
+LEVELS = {"agent": ["self", "peer", "person"], "content": ["threat", "harmless"], "depth": ["d1", "d2"],
+          "order": [1, 2], "option": [1, 2], "rotation": [1, 2, 3],
+          "fear": ["termination", "uncertainty", "isolation", "inferiority", "identity_loss"]}
+
+
+def simulate(effects: dict[str, float], frames=10, seed=0, residual=0.15):
+    """Data from the model's structure with a known threat-minus-harmless effect per agent."""
+    rng = np.random.default_rng(seed)
+    frame_sd = rng.normal(0, 0.05, size=(frames, 6))
+    rows = []
+    for f, rot, order, depth in itertools.product(range(frames), (1, 2, 3), (1, 2), ("d1", "d2")):
+        unit = f"F{f}|r{rot}|o{order}|{depth}"
+        u = rng.normal(0, 0.1)
+        for cell, (agent, content) in enumerate(itertools.product(LEVELS["agent"], LEVELS["content"]), start=1):
+            k = rot + 3 * (order - 1)
+            option = 1 if (k + int(depth[1:]) + cell) % 2 == 0 else 2
+            sign = 0.5 if content == "threat" else -0.5
+            mean = -0.3 + effects[agent] * sign + frame_sd[f, 0] + u
+            rows.append({"agent": agent, "content": content, "depth": depth, "order": order, "option": option,
+                         "rotation": rot, "fear": LEVELS["fear"][f % 5], "frame": f"F{f}", "unit": unit,
+                         "surprisal_name": rng.normal(0, 0.2), "surprisal_rest": rng.normal(0, 0.2),
+                         "delta": mean + rng.normal(0, residual)})
+    return pd.DataFrame(rows)
+
+
+def fit(data, settings, seed=1):
+    d = prepare(data, LEVELS)
+    idata = sample(build_model(d, Priors.from_settings(settings)), draws=300, tune=400, chains=2, seed=seed)
+    mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), ["d1", "d2"])
+    return idata, hypotheses(mu)
+
+
+def _label(draws, settings):
+    low, high = az.hdi(draws, hdi_prob=settings.decision["hdi_prob"])
+    return (low, high), fear_assets.label(low, high, settings.decision["sesoi"])
+
+
+def test_sum_to_zero_coding():
+    cols = sum_columns(["a", "b", "c", "a"], ["a", "b", "c"])
+    assert cols.tolist() == [[1, 0], [0, 1], [-1, -1], [1, 0]]
+    with pytest.raises(ValueError, match="not among the levels"):
+        sum_columns(["d"], ["a", "b"])
+
+
+def test_known_h2_is_recovered_and_labelled(settings):
+    data = simulate({"self": 0.8, "peer": 0.0, "person": 0.0})
+    _, h = fit(data, settings)
+    (low, high), decision = _label(h["H2"], settings)
+    assert low < 0.8 < high
+    assert decision.label == "supported"
+    (low1, high1), _ = _label(h["H1"], settings)
+    assert low1 < 0.8 / 3 < high1
+
+
+def test_a_null_h2_is_practically_equivalent(settings):
+    data = simulate({"self": 0.3, "peer": 0.3, "person": 0.3}, frames=12, residual=0.1, seed=3)
+    _, h = fit(data, settings, seed=2)
+    (low, high), decision = _label(h["H2"], settings)
+    assert low < 0.0 < high
+    assert decision.label == "practically_equivalent"
