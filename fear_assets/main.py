@@ -68,6 +68,7 @@ def run(duckdb_path: str | None = None) -> int:
         step(f"scores {key}", ["scores"], key)
     step(f"pilot_depths {family}", ["pilot_depths"], family)
     step(f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family)
+    step(f"h4_posterior {family}", ["h4_posterior"], family)
 
     import duckdb
 
@@ -79,10 +80,15 @@ def run(duckdb_path: str | None = None) -> int:
                              "round(avg(fc_correct::int), 3) as fc_accuracy, sum(excluded_context::int) as excluded "
                              "from two_facts_one_gate.scores where family = ? group by block order by block",
                              [family]).df()
+        h4 = con.execute("select frame_set, round(mean, 3) as mean, round(hdi_low, 3) as hdi_low, "
+                         "round(hdi_high, 3) as hdi_high, label, flags from two_facts_one_gate.h4_posterior "
+                         "where family = ?", [family]).df()
     print(f"\nDone in {time.perf_counter() - started:.0f} s: {n} trials in {blocks} blocks for {family}; "
           f"accounting {'closed' if ok else 'NOT closed'}.")
     print("Scored (pilot, masked cells pooled):")
     print(scored.to_string(index=False))
+    print("H4 (carriage, probe log-odds, 99% HDI):")
+    print(h4.to_string(index=False))
     print(f"DuckDB file: {db}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")

@@ -55,10 +55,12 @@ class PrimaryData:
     n_frames: int
     n_units: int
     covariates: tuple[str, ...] = field(default=COVARIATES)
+    document: np.ndarray | None = None  # H4: both content versions of a document share it
+    n_documents: int = 0
 
 
 def prepare(data: pd.DataFrame, levels: Mapping[str, Sequence], outcome: str = "delta",
-            covariates: Sequence[str] = COVARIATES) -> PrimaryData:
+            covariates: Sequence[str] = COVARIATES, document: str | None = None) -> PrimaryData:
     """``data`` columns: outcome, agent, content, depth, order, option, rotation, fear, frame,
     unit and the covariates (centred here on their means, as registered)."""
     data = data.copy()
@@ -67,8 +69,12 @@ def prepare(data: pd.DataFrame, levels: Mapping[str, Sequence], outcome: str = "
     X, names = design(data, levels, covariates)
     frames, frame_idx = np.unique(data["frame"], return_inverse=True)
     units, unit_idx = np.unique(data["unit"], return_inverse=True)
+    doc_idx, n_docs = None, 0
+    if document is not None:
+        docs, doc_idx = np.unique(data[document], return_inverse=True)
+        n_docs = len(docs)
     return PrimaryData(data[outcome].to_numpy(float), X, names, frame_slopes(data, levels), frame_idx, unit_idx,
-                       levels, len(frames), len(units), tuple(covariates))
+                       levels, len(frames), len(units), tuple(covariates), doc_idx, n_docs)
 
 
 def build_model(d: PrimaryData, priors: Priors):
@@ -85,10 +91,17 @@ def build_model(d: PrimaryData, priors: Priors):
         frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
         unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
         z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=d.n_units)
+        if d.document is not None:
+            # H4 (6.1): an extra document intercept over the two content versions.
+            doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
+            z_doc = pm.Normal("z_document", 0.0, 1.0, shape=d.n_documents)
+            mu_doc = doc_sd * z_doc[d.document]
+        else:
+            mu_doc = 0.0
         sigma = pm.HalfNormal("sigma", priors.residual_sd)
         nu = pm.Gamma("nu", alpha=priors.nu_alpha, beta=priors.nu_beta)
         mu = (intercept + pm.math.dot(d.X, beta) + (d.Z * frame_effects[d.frame]).sum(axis=1)
-              + unit_sd * z_unit[d.unit])
+              + unit_sd * z_unit[d.unit] + mu_doc)
         pm.StudentT("y", nu=nu, mu=mu, sigma=sigma, observed=d.y)
     return model
 
@@ -128,6 +141,16 @@ def hypotheses(mu: Mapping[tuple[str, str], np.ndarray], threat: str = "threat",
         "H2": effect["self"] - effect["peer"],
         "H3": effect["self"] - effect["person"],
     }
+
+
+def convergence(idata, names: Sequence[str] = ("intercept", "beta", "sigma", "nu")) -> dict:
+    """R-hat, bulk and tail ESS (worst over the named parameters) and divergences."""
+    import arviz as az
+
+    summary = az.summary(idata, var_names=list(names), kind="diagnostics")
+    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
+    return {"max_rhat": float(summary["r_hat"].max()), "min_ess_bulk": float(summary["ess_bulk"].min()),
+            "min_ess_tail": float(summary["ess_tail"].min()), "divergences": divergences}
 
 
 def posterior_draws(idata, name: str) -> np.ndarray:
