@@ -39,7 +39,11 @@ def run(duckdb_path: str | None = None) -> int:
     def step(label: str, selection: list[str], partition_key: str | None = None) -> dg.ExecuteInProcessResult:
         t = time.perf_counter()
         result = dg.materialize(everything, selection=selection, partition_key=partition_key, instance=instance,
-                                resources=res, raise_on_error=True)
+                                resources=res, raise_on_error=False)
+        step_failures = [e for e in result.all_events if e.is_step_failure]
+        if not result.get_asset_materialization_events() and step_failures:
+            # A real failure (not a failed gate): stop with the step's own message.
+            raise SystemExit(f"step failed in {label}: {step_failures[0].event_specific_data.error.message}")
         failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
         print(f"  {label:<34} {time.perf_counter() - t:5.1f} s  run {result.run_id[:8]}"
               + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))

@@ -22,7 +22,6 @@ from fear_assets.registration.freeze import read_record
 from fear_assets.resources.protocol import ProtocolResource
 
 GROUP = "analysis"
-DRAWS, TUNE, CHAINS = 500, 500, 2
 
 
 def convergence_problems(diag: dict, rule: dict) -> list[str]:
@@ -88,7 +87,9 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
                   "rotation": present("rotation"), "fear": [f for f in settings.fears if f in set(data["fear"])]}
         d = prepare(data, levels, outcome="log_odds", document="document")
         seed = derived_seed(settings.master_seed, "h4", family_key, frame_set) % (2**31)
-        idata = sample(build_model(d, Priors.from_settings(settings)), DRAWS, TUNE, CHAINS, seed)
+        sampler = settings.section("sampler")
+        idata = sample(build_model(d, Priors.from_settings(settings)), int(sampler["draws"]), int(sampler["tune"]),
+                       int(sampler["chains"]), seed)
         band = [f"d{b}" for b in pilot_depths["depth_band"].iloc[0].split(",") if f"d{b}" in levels["depth"]]
         mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band)
         h4 = hypotheses(mu)["H2"]
