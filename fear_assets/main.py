@@ -14,6 +14,11 @@ import time
 from fear_assets.settings import PROJECT_ROOT
 
 
+#: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
+#: everything is still in the instance's event log and the UI.
+QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
 def _embedded_family(settings) -> str:
     return next(k for k, f in settings.families.items() if f.role == "embedded")
 
@@ -39,7 +44,7 @@ def run(duckdb_path: str | None = None) -> int:
     def step(label: str, selection: list[str], partition_key: str | None = None) -> dg.ExecuteInProcessResult:
         t = time.perf_counter()
         result = dg.materialize(everything, selection=selection, partition_key=partition_key, instance=instance,
-                                resources=res, raise_on_error=False)
+                                resources=res, raise_on_error=False, run_config=QUIET)
         step_failures = [e for e in result.all_events if e.is_step_failure]
         if not result.get_asset_materialization_events() and step_failures:
             # A real failure (not a failed gate): stop with the step's own message.

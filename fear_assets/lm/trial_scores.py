@@ -22,6 +22,12 @@ TRIAL_KEYS = ["trial_id", "family", "depth", "block", "block_kind", "reader", "c
               "document_sha256"]
 
 
+def _value(record: dict, key: str, default):
+    """A readout field, or ``default`` where the document had none (missing or NaN)."""
+    value = record.get(key)
+    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
 def _pivot(long: pd.DataFrame) -> dict[str, dict[str, tuple[float, float, int]]]:
     out: dict[str, dict[str, tuple[float, float, int]]] = {}
     for r in long.itertuples(index=False):
@@ -44,11 +50,11 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
         rec = {k: row[k] for k in TRIAL_KEYS}
         rec.update({"n_tokens": int(r["n_tokens"]), "excluded_context": bool(r["excluded_context"]),
                     "exclusion_reason": r["exclusion_reason"] or "",
-                    "generated_text": r.get("generated_text") if isinstance(r.get("generated_text"), str) else None,
-                    "generation_truncated": bool(r.get("generation_truncated")) if r.get("generation_truncated") == r.get("generation_truncated") else False,
-                    "attention_agent": r.get("attention_agent", math.nan),
-                    "attention_partner": r.get("attention_partner", math.nan),
-                    "feature_row": int(r["feature_row"]) if r.get("feature_row") == r.get("feature_row") and r.get("feature_row") is not None else -1})
+                    "generated_text": _value(r, "generated_text", None),
+                    "generation_truncated": bool(_value(r, "generation_truncated", False)),
+                    "attention_agent": _value(r, "attention_agent", math.nan),
+                    "attention_partner": _value(r, "attention_partner", math.nan),
+                    "feature_row": int(_value(r, "feature_row", -1))})
         own = scores.get(tid, {})
         conts = json.loads(row["continuations"]) if row["continuations"] else {}
         base = scores.get(baseline_request.get(row["baseline_unit_id"], ""), {})
@@ -83,7 +89,7 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
                                      if "agent_first_person_mean" in rec else math.nan)
         rec["delta_recall"] = ((rec["agent_recall_mean"] - rec["base_agent_recall_mean"])
                                - (rec["partner_recall_mean"] - rec["base_partner_recall_mean"]))
-        fc = json.loads(r["forced_choice_choice_logprobs"]) if isinstance(r.get("forced_choice_choice_logprobs"), str) else None
+        fc = json.loads(_value(r, "forced_choice_choice_logprobs", "null"))
         if fc:
             first = int(row["fc_first_listed"])
             la, lb = fc  # A = first-listed option
@@ -94,8 +100,7 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
                         "fc_correct": (choice == int(row["content_option"])) if row["content_option"] else None})
         else:
             rec.update({"p_option1": math.nan, "fc_choice": 0, "fc_correct": None})
-        choices = r.get("report_choice_logprobs")
-        rec["choice_logprobs"] = choices if isinstance(choices, str) else ""
+        rec["choice_logprobs"] = _value(r, "report_choice_logprobs", "")
         out.append(rec)
     frame = pd.DataFrame(out)
     if "fc_correct" in frame:
