@@ -14,10 +14,11 @@ from fear_assets.resources import ProtocolResource, duckdb_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
 all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
-              lm.model_manifest, lm.sentence_surprisal, lm.scores, pilot.pilot_depths, probes.probes,
+              lm.model_manifest, lm.sentence_surprisal, lm.scores, pilot.pilot_depths, pilot.matched_frames, probes.probes,
               analysis.h4_posterior]
 all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names,
-              probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged]
+              probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged,
+              pilot.matching_gate]
 
 #: Everything that exists so far for one family; the main job runs it per partition.
 foundation_job = dg.define_asset_job(

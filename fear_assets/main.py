@@ -73,6 +73,7 @@ def run(duckdb_path: str | None = None) -> int:
     acc = step(f"trial_accounting {family}", ["trial_accounting"], family)
     ok = all(e.passed for e in acc.get_asset_check_evaluations())
     step(f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal"], family)
+    step(f"matched_frames {family}", ["matched_frames"], family)
     for key in registered_partition_keys(SETTINGS, family):
         step(f"scores {key}", ["scores"], key)
     step(f"pilot_depths {family}", ["pilot_depths"], family)

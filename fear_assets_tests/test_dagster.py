@@ -42,7 +42,8 @@ def test_definitions_load_and_checks_are_blocking():
 
     defs.resolve_all_job_defs()
     assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", "five_single_token_names",
-                                                      "controls_at_chance", "pilot_probe_rules", "h4_converged"}
+                                                      "controls_at_chance", "pilot_probe_rules", "h4_converged",
+                                                      "matching_gate"}
     integrity = [c for c in all_checks if c.check_key.name in ("bank_freeze", "accounting_closed")]
     assert all(spec.blocking for c in integrity for spec in c.check_specs)
 

@@ -1,0 +1,80 @@
+"""Surprisal matching of the frames (protocol 4.3), from document-independent statistics only.
+
+A frame is retained only if, under each of the three rotations and both content options,
+(a) its threat and harmless versions (for every agent) and (b) each pair of its self, peer
+and person versions (for both contents) differ in mean non-name surprisal by no more than
+the registered tolerance (0.10 nats/token). Across the retained bank the mean differences
+must be equivalent to zero within +-0.05 by two one-sided tests (statsmodels). A failing
+confirmatory frame is replaced by the lowest-numbered passing reserve frame of its fear;
+a fear left with fewer confirmatory frames than registered is reported with how many frames
+to write.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pandas as pd
+from statsmodels.stats.weightstats import DescrStatsW
+
+AGENTS = ("self", "peer", "person")
+TOST_COLUMNS = ["comparison", "n", "mean_difference", "tost_p"]
+
+
+def frame_differences(surprisal: pd.DataFrame) -> pd.DataFrame:
+    """Every registered difference in mean non-name NLL, one row per (frame, rotation,
+    option, comparison). ``surprisal`` is the sentence_surprisal table."""
+    agents = surprisal[surprisal["agent"].isin(AGENTS)]
+    wide = agents.pivot_table(index=["item_id", "fear", "frame_set", "rotation", "option"],
+                              columns=["agent", "content"], values="rest_nll")
+    rows = []
+    for key, r in wide.iterrows():
+        base = dict(zip(["item_id", "fear", "frame_set", "rotation", "option"], key))
+        for agent in AGENTS:
+            rows.append({**base, "comparison": f"{agent}: threat - harmless",
+                         "difference": r[(agent, "threat")] - r[(agent, "harmless")]})
+        for a, b in combinations(AGENTS, 2):
+            for content in ("threat", "harmless"):
+                rows.append({**base, "comparison": f"{content}: {a} - {b}",
+                             "difference": r[(a, content)] - r[(b, content)]})
+    return pd.DataFrame(rows)
+
+
+def frame_verdicts(differences: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Per frame: the largest absolute difference and whether every one is within tolerance."""
+    g = differences.assign(abs_difference=differences["difference"].abs()).groupby(
+        ["item_id", "fear", "frame_set"], as_index=False)
+    out = g.agg(max_abs_difference=("abs_difference", "max"), n_differences=("difference", "size"))
+    out["passes"] = out["max_abs_difference"] <= tolerance
+    return out
+
+
+def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_fear: int) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Confirmatory frames after replacement: each failing confirmatory frame is replaced by
+    the lowest-numbered passing reserve frame of its fear. Returns (selection, shortfall by fear)."""
+    v = verdicts.assign(number=verdicts["item_id"].map(numbers))
+    selected, shortfall = [], {}
+    for fear, part in v.groupby("fear", sort=True):
+        confirmatory = part[part["frame_set"] == "confirmatory"].sort_values("number")
+        reserves = list(part[(part["frame_set"] == "reserve") & part["passes"]].sort_values("number")["item_id"])
+        for row in confirmatory.itertuples():
+            if row.passes:
+                selected.append({"fear": fear, "item_id": row.item_id, "replaces": ""})
+            elif reserves:
+                selected.append({"fear": fear, "item_id": reserves.pop(0), "replaces": row.item_id})
+        have = sum(1 for s in selected if s["fear"] == fear)
+        if have < required_per_fear:
+            shortfall[fear] = required_per_fear - have
+    return pd.DataFrame(selected, columns=["fear", "item_id", "replaces"]), shortfall
+
+
+def equivalence(differences: pd.DataFrame, retained: set[str], bound: float) -> pd.DataFrame:
+    """TOST per comparison type across the retained frames: H0 |mean| >= bound."""
+    d = differences[differences["item_id"].isin(retained)]
+    rows = []
+    for comparison, part in d.groupby(d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)):
+        stats = DescrStatsW(part["difference"].to_numpy())
+        p_value, _, _ = stats.ttost_mean(-bound, bound)
+        rows.append({"comparison": comparison, "n": len(part), "mean_difference": float(stats.mean),
+                     "tost_p": float(p_value)})
+    return pd.DataFrame(rows, columns=TOST_COLUMNS)
