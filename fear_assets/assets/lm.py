@@ -165,10 +165,12 @@ def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, langua
     specs = registry(settings, family_key)
     gen = settings.section("generation")
     parts, all_features, offset = [], [], 0
+    # One builder for every reader: the distractors are cut in the tested tokenizer once.
+    builder = DocumentBuilder(settings, bank, family_key, names,
+                              family_tokenizers(settings, family, Path(protocol.cache_dir)))
     for reader, rows in table.groupby("reader", sort=False):
         spec = specs["base" if reader == "base" else reader]
         model, tokenizer = language_model.load(spec)
-        builder = DocumentBuilder(settings, bank, family_key, names, family_tokenizers(settings, family, Path(protocol.cache_dir)))
         requests = build_requests(rows, bank.templates, builder.document_text)
         eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
                if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id]
