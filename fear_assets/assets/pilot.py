@@ -98,13 +98,14 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     "Protocol 4.3: every fear keeps its registered number of confirmatory frames after "
     "matching and replacement, and the retained bank's mean differences are equivalent to "
     "zero within +-0.05 (TOST, alpha 0.05). Otherwise: how many frames to write per fear."))
-def matching_gate(matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
+def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
     import json
 
+    alpha = float(protocol.settings().section("matching")["tost_alpha"])
     short = matched_frames.groupby("fear")["frames_to_write"].max()
     short = short[short > 0]
     tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
-    not_equivalent = tost[tost["tost_p"] >= 0.05]
+    not_equivalent = tost[tost["tost_p"] >= alpha]
     problems = [f"write {n} new frame(s) for {fear}" for fear, n in short.items()]
     if tost.empty:
         problems.append("no frame is retained, so the bank-level equivalence cannot be tested")

@@ -17,19 +17,15 @@ PROBE_BLOCKS = {"pilot": ("pilot_primary", "pilot_probe_other_option", "pilot_pr
 
 
 def load_features(scored: pd.DataFrame) -> np.ndarray:
-    """Features of the scored rows, from their checksummed files (Appendix B)."""
-    out = np.zeros((len(scored), 0), np.float32)
-    blocks = []
+    """Features of the scored rows (in their order), from their checksummed files (Appendix B)."""
+    parts = []
     for (path, digest), part in scored.groupby(["features_file", "features_sha256"], sort=False):
         if sha256_file(path) != digest:
             raise ValueError(f"{path}: sha256 differs from the one recorded in scores; re-materialise scores")
-        blocks.append((part.index, np.load(path)[part["feature_row"].to_numpy()]))
-    if blocks:
-        out = np.zeros((len(scored), blocks[0][1].shape[1]), np.float32)
-        position = {idx: i for i, idx in enumerate(scored.index)}
-        for index, values in blocks:
-            out[[position[i] for i in index]] = values
-    return out
+        parts.append(pd.DataFrame(np.load(path)[part["feature_row"].to_numpy()], index=part.index))
+    if not parts:
+        return np.zeros((len(scored), 0), np.float32)
+    return pd.concat(parts).loc[scored.index].to_numpy(np.float32)
 
 
 def probe_inputs(scores: pd.DataFrame, blocks: tuple[str, str, str]):

@@ -93,29 +93,26 @@ def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
 class TeacherForcedEngine:
     """Scores requests on one loaded causal LM (batch of continuations per branch)."""
 
-    def __init__(self, model, max_batch_tokens: int = 1 << 16):
+    def __init__(self, model):
         self.model = model.eval()
         self.device = _device(model)
-        self.max_batch_tokens = max_batch_tokens
 
     # -- primitives ---------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], keep_logits: int = 1, output_hidden_states: bool = False):
+    def prefill(self, ids: Sequence[int], keep_logits: int = 1):
         """Run ``ids`` once; returns (cache, logits of the last ``keep_logits`` positions, outputs)."""
         x = torch.tensor([list(ids)], device=self.device)
-        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep_logits,
-                         output_hidden_states=output_hidden_states)
+        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep_logits)
         return out.cache, out.logits[0], out
 
     @torch.inference_mode()
-    def extend(self, cache, ids: Sequence[int], keep_logits: int = 1, output_hidden_states: bool = False):
+    def extend(self, cache, ids: Sequence[int], keep_logits: int = 1):
         """Append ``ids`` to a batch-1 cache (in place); returns (logits, outputs)."""
         start = cache.get_seq_length()
         x = torch.tensor([list(ids)], device=self.device)
         positions = torch.arange(start, start + len(ids), device=self.device)
         out = self.model(input_ids=x, cache=cache, use_cache=True, position_ids=positions[None],
-                         cache_position=positions, logits_to_keep=keep_logits,
-                         output_hidden_states=output_hidden_states)
+                         cache_position=positions, logits_to_keep=keep_logits)
         return out.logits[0], out
 
     @torch.inference_mode()
@@ -226,8 +223,7 @@ class TeacherForcedEngine:
     @torch.inference_mode()
     def score(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:
         """Score continuations of one context: one prefill, one batched pass."""
-        cache, logits, _ = self.prefill(context_ids)
-        return self.continuations_from_cache(cache, logits[-1], continuations)
+        return self.score_many(context_ids, continuations, batch_size=max(1, len(continuations)))
 
 
 @torch.inference_mode()

@@ -162,14 +162,15 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
     long_rows, readouts, features = [], [], []
     started = time.perf_counter()
     for done, req in enumerate(requests, start=1):
-        branch_ids = {b: encode(t) for b, t in req.branches.items()}
+        # The report text is encoded once, with offsets (question and sentence spans).
+        report_enc = tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
+        offsets = report_enc["offset_mapping"]
+        branch_ids = {b: (report_enc["input_ids"] if b == "report" else encode(t)) for b, t in req.branches.items()}
         shared = _lcp(list(branch_ids.values()))
         # Keep at least one token in every branch (the branch's last logits come from it).
         shared = min(shared, min(len(v) for v in branch_ids.values()) - 1)
-        offsets = question = None
+        question = None
         if req.question_span is not None:
-            offsets = tokenizer(req.branches["report"], add_special_tokens=False,
-                                return_offsets_mapping=True)["offset_mapping"]
             q_a, q_b = _token_span(offsets, *req.question_span)
             # The open question's tokens must lie in the report branch's own extension.
             shared = min(shared, q_a)
