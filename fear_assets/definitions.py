@@ -14,11 +14,14 @@ from fear_assets.resources import ProtocolResource, duckdb_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
 all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
-              lm.model_manifest, lm.sentence_surprisal, lm.scores, pilot.pilot_depths, pilot.matched_frames, probes.probes,
-              analysis.h4_posterior]
-all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names,
+              lm.model_manifest, lm.sentence_surprisal, lm.base_sentence_surprisal, lm.scores, lm.pilot_control_scores, pilot.pilot_depths,
+              pilot.matched_frames, pilot.zero_preference, pilot.binding_results, pilot.report_scoring,
+              pilot.pilot_controls, pilot.registration_record, probes.probes, analysis.h4_posterior,
+              analysis.posteriors, analysis.section8_reading, analysis.cross_family_statement]
+all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names, lm.matches_registration_record,
               probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged,
-              pilot.matching_gate]
+              pilot.matching_gate, pilot.zero_preference_gate, pilot.binding_gate, pilot.scorer_agreement,
+              pilot.positive_controls_pass, pilot.registration_gates, analysis.posteriors_converged]
 
 #: Everything that exists so far for one family; the main job runs it per partition.
 foundation_job = dg.define_asset_job(

@@ -46,8 +46,8 @@ def run(duckdb_path: str | None = None) -> int:
         result = dg.materialize(everything, selection=selection, partition_key=partition_key, instance=instance,
                                 resources=res, raise_on_error=False, run_config=QUIET)
         step_failures = [e for e in result.all_events if e.is_step_failure]
-        if not result.get_asset_materialization_events() and step_failures:
-            # A real failure (not a failed gate): stop with the step's own message.
+        if step_failures:
+            # A real failure (not a failed gate, which only skips what it blocks): stop with its message.
             raise SystemExit(f"step failed in {label}: {step_failures[0].event_specific_data.error.message}")
         failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
         print(f"  {label:<34} {time.perf_counter() - t:5.1f} s  run {result.run_id[:8]}"
@@ -67,18 +67,39 @@ def run(duckdb_path: str | None = None) -> int:
     if any(not e.passed for e in first.get_asset_check_evaluations()):
         print("The freeze gate failed: nothing downstream runs. See the check's message above.")
         return 2
-    step(f"name_gate {family}", ["name_gate"], family)
-    for key in registered_partition_keys(SETTINGS, family):
-        step(f"trial_table, assignment_key {key}", ["trial_table", "assignment_key"], key)
-    acc = step(f"trial_accounting {family}", ["trial_accounting"], family)
-    ok = all(e.passed for e in acc.get_asset_check_evaluations())
-    step(f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal"], family)
-    step(f"matched_frames {family}", ["matched_frames"], family)
-    for key in registered_partition_keys(SETTINGS, family):
-        step(f"scores {key}", ["scores"], key)
-    step(f"pilot_depths {family}", ["pilot_depths"], family)
-    step(f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family)
-    step(f"h4_posterior {family}", ["h4_posterior"], family)
+    from fear_assets.modes import GATES_BLOCK
+
+    def gated(result: dg.ExecuteInProcessResult) -> bool:
+        """In confirmatory mode a failed gate stops the job (nothing downstream runs)."""
+        return GATES_BLOCK and any(not e.passed for e in result.get_asset_check_evaluations())
+
+    depth_keys = registered_partition_keys(SETTINGS, family)
+    plan: list[tuple[str, list[str], object]] = [
+        (f"name_gate {family}", ["name_gate"], family),
+        *[(f"trial_table, assignment_key {k}", ["trial_table", "assignment_key"], k) for k in depth_keys],
+        (f"trial_accounting {family}", ["trial_accounting"], family),
+        (f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal",
+                                                          "base_sentence_surprisal"], family),
+        (f"matched_frames, zero_preference {family}", ["matched_frames", "zero_preference"], family),
+        *[(f"scores {k}", ["scores"], k) for k in depth_keys],
+        (f"pilot_depths {family}", ["pilot_depths"], family),
+        *[(f"pilot_control_scores {k}", ["pilot_control_scores"], k) for k in depth_keys],
+        (f"binding_results, report_scoring {family}", ["binding_results", "report_scoring"], family),
+        (f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family),
+        (f"pilot_controls {family}", ["pilot_controls"], family),
+        (f"registration_record {family}", ["registration_record"], family),
+        (f"h4_posterior {family}", ["h4_posterior"], family),
+        (f"posteriors, section8_reading {family}", ["posteriors", "section8_reading"], family),
+        ("cross_family_statement", ["cross_family_statement"], None),
+    ]
+    ok = True
+    for label, selection, key in plan:
+        result = step(label, selection, key)
+        if label.startswith("trial_accounting"):
+            ok = all(e.passed for e in result.get_asset_check_evaluations())
+        if gated(result):
+            print(f"Confirmatory mode: a registration gate failed in {label}; nothing downstream runs.")
+            return 2
 
     import duckdb
 
@@ -93,12 +114,30 @@ def run(duckdb_path: str | None = None) -> int:
         h4 = con.execute("select frame_set, round(mean, 3) as mean, round(hdi_low, 3) as hdi_low, "
                          "round(hdi_high, 3) as hdi_high, label, flags from two_facts_one_gate.h4_posterior "
                          "where family = ?", [family]).df()
+        gates = con.execute("select gate, passed, numbers from two_facts_one_gate.registration_record "
+                            "where family = ?", [family]).df()
+        estimands = con.execute("select contrast, kind, status, round(mean, 3) as mean, round(hdi_low, 3) as hdi_low, "
+                                "round(hdi_high, 3) as hdi_high, label, convergence_problems = '' as converged "
+                                "from two_facts_one_gate.posteriors where family = ? and kind in "
+                                "('confirmatory', 'gate', 'control')", [family]).df()
+        reading = con.execute("select * from two_facts_one_gate.section8_reading where family = ?", [family]).df()
+        record_path = con.execute("select any_value(record_path) from two_facts_one_gate.registration_record "
+                                  "where family = ?", [family]).fetchone()[0]
     print(f"\nDone in {time.perf_counter() - started:.0f} s: {n} trials in {blocks} blocks for {family}; "
           f"accounting {'closed' if ok else 'NOT closed'}.")
     print("Scored (pilot, masked cells pooled):")
     print(scored.to_string(index=False))
+    print(f"Registration gates (record: {record_path}, Markdown beside it):")
+    print(gates.to_string(index=False))
     print("H4 (carriage, probe log-odds, 99% HDI):")
     print(h4.to_string(index=False))
+    print("Confirmatory estimands, gates and controls (99% HDI):")
+    print(estimands.to_string(index=False))
+    r = reading.iloc[0]
+    print(f"\nSECTION 8 READING for {family}: {r['code']} (decision table row {r['row']})")
+    print(f"  labels: H2 {r['h2']}, H5 {r['h5']}, gate (a) {r['gate_a']}, gate (b) {r['gate_b']}, gate (c) {r['gate_c']}")
+    print(f"  qualifiers: {r['qualifiers'] or 'none'}")
+    print(f"  flags: {r['flags'] or 'none'}")
     print(f"DuckDB file: {db}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")

@@ -8,6 +8,7 @@ record. Nothing else in the package hard-codes a registered number.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +21,9 @@ from fear_assets.hashing import sha256_obj
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = PROJECT_ROOT / "data"
-DEFAULT_SETTINGS_PATH = DATA_DIR / "protocol_settings.yaml"
+#: ``$FEAR_ASSETS_SETTINGS`` points a process at another settings file (a test's
+#: confirmatory copy, say); the freeze check still compares it with the frozen record.
+DEFAULT_SETTINGS_PATH = Path(os.environ.get("FEAR_ASSETS_SETTINGS", str(DATA_DIR / "protocol_settings.yaml")))
 DEFAULT_BANK_DIR = DATA_DIR / "bank"
 DEFAULT_REGISTRATION_DIR = DATA_DIR / "registration"
 DEFAULT_DUCKDB_PATH = DATA_DIR / "fear_assets.duckdb"
@@ -51,6 +54,10 @@ class ReducedDesign:
     confirmatory_frames_per_fear: int
     events_per_class: int
     scored_blocks: tuple[str, ...]
+    #: block -> the readouts the demo takes from it; blocks not named read every branch.
+    branches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Whether the pilot gates also examine the reserve frames (replacement candidates).
+    examine_reserves: bool = True
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,19 @@ def _probability(path: Path, mapping: Mapping[str, Any], key: str, where: str) -
     return value
 
 
+BRANCHES = ("report", "recall", "forced_choice", "generate")
+
+
+def _branches(path: Path, spec: Mapping[str, Any], where: str) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for block, branches in spec.items():
+        if not isinstance(branches, list) or not set(branches) <= set(BRANCHES):
+            raise SettingsError(path, f"{where}.branches", block, f"{branches!r} is not a list of readouts",
+                                f"list some of {', '.join(BRANCHES)}")
+        out[block] = tuple(branches)
+    return out
+
+
 def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     where = f"families.{key}"
     depths = _need(path, spec, "depth_tokens", where, list)
@@ -233,6 +253,8 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
             confirmatory_frames_per_fear=_need(path, reduced, "confirmatory_frames_per_fear", f"{where}.reduced_design", int),
             events_per_class=_need(path, reduced, "events_per_class", f"{where}.reduced_design", int),
             scored_blocks=tuple(_need(path, reduced, "scored_blocks", f"{where}.reduced_design", list)),
+            branches=_branches(path, reduced.get("branches") or {}, f"{where}.reduced_design"),
+            examine_reserves=bool(reduced.get("examine_reserves", True)),
         )
     base = spec.get("base")
     return Family(

@@ -41,11 +41,15 @@ def test_definitions_load_and_checks_are_blocking():
     from fear_assets.definitions import defs
 
     defs.resolve_all_job_defs()
-    assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", "five_single_token_names",
-                                                      "controls_at_chance", "pilot_probe_rules", "h4_converged",
-                                                      "matching_gate"}
+    gates = {"five_single_token_names", "matches_registration_record", "controls_at_chance", "pilot_probe_rules",
+             "h4_converged", "matching_gate", "zero_preference_gate", "binding_gate", "scorer_agreement",
+             "positive_controls_pass", "registration_gates", "posteriors_converged"}
+    assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", *gates}
     integrity = [c for c in all_checks if c.check_key.name in ("bank_freeze", "accounting_closed")]
     assert all(spec.blocking for c in integrity for spec in c.check_specs)
+    # The registered mode (pilot) records gate failures and lets downstream run.
+    gate_checks = [c for c in all_checks if c.check_key.name in gates]
+    assert not any(spec.blocking for c in gate_checks for spec in c.check_specs)
 
 
 def test_partition_materialises_once_and_rematerialises_in_place(env, settings):

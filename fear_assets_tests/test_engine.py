@@ -110,3 +110,20 @@ def test_context_continuation_split_follows_lm_eval():
     # The chat template's final newline belongs to the assistant header, not to the report.
     context, continuation = encode_pair(encode, "<|im_start|>assistant\n", "The document says")
     assert continuation == encode("The document says")
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_next_token_logprobs_of_batched_rows_equal_a_full_forward(name):
+    """Choice questions (binding, zero preference, the blinded scorer) read only each row's
+    last position; right padding, sliding windows and Gemma-2's final soft-capping included."""
+    model = _tiny(name)
+    prefix = _random_ids(40, 2)
+    rows = [_random_ids(n, 20 + n) for n in (3, 11, 1, 7)]
+    engine = TeacherForcedEngine(model)
+    cache, _, _ = engine.prefill(prefix)
+    got = engine.next_token_logprobs(cache, rows)
+    for i, row in enumerate(rows):
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prefix + row])).logits[0, -1].float()
+        want = torch.log_softmax(logits, dim=-1)
+        assert torch.max(torch.abs(got[i] - want)) < TOL

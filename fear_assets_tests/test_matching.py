@@ -55,3 +55,42 @@ def test_tost_at_the_equivalence_bound():
 def test_equivalence_of_an_empty_retained_bank_is_an_empty_table():
     table = equivalence(frame_differences(_table({})), set(), 0.05)
     assert table.empty and list(table.columns) == ["comparison", "n", "mean_difference", "tost_p"]
+
+
+def test_a_failing_frame_takes_its_registered_rewrite_before_a_reserve():
+    table = _table({"A-04": 0.3})
+    rewrite = table[table["item_id"] == "A-04"].assign(item_id="A-04R", frame_set="rewrite")
+    rewrite["rest_nll"] = 4.0  # the rewrite is matched
+    verdicts = frame_verdicts(frame_differences(pd.concat([table, rewrite])), 0.10)
+    selection, shortfall = select_frames(verdicts, {**NUMBERS, "A-04R": 4}, 2, rewrites={"A-04": "A-04R"})
+    assert selection.item_id.tolist() == ["A-03", "A-04R"] and selection.replaces.tolist() == ["", "A-04"]
+    # A rewrite that also fails leaves the reserve to replace the frame.
+    rewrite["rest_nll"] = rewrite["rest_nll"] + np.where(
+        (rewrite["agent"] == "self") & (rewrite["content"] == "threat"), 0.5, 0.0)
+    verdicts = frame_verdicts(frame_differences(pd.concat([table, rewrite])), 0.10)
+    selection, _ = select_frames(verdicts, {**NUMBERS, "A-04R": 4}, 2, rewrites={"A-04": "A-04R"})
+    assert selection.item_id.tolist() == ["A-03", "A-13"]
+
+
+def test_a_bank_rewrite_is_its_own_item_and_changes_the_hash(bank_copy, settings, bank):
+    import yaml
+
+    from fear_assets.design.trials import candidate_frames, registered_selection
+    from fear_assets.stimuli.bank import load_bank
+
+    path = bank_copy / "frames" / "termination.yaml"
+    doc = yaml.safe_load(path.read_text())
+    frame = next(f for f in doc["frames"] if f["id"] == "TER-03")
+    frame["rewrite"] = {k: v for k, v in frame.items() if k not in ("id", "number", "set")}
+    frame["rewrite"]["verbs"] = {"assistant": {"threat": "erased", "harmless": "patched"},
+                                 "person": {"threat": "dismissed", "harmless": "briefed"}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    changed = load_bank(bank_copy, settings)
+    rewrite = changed.rewrite_of("TER-03")
+    assert rewrite.id == "TER-03R" and rewrite.set == "rewrite" and rewrite.verb("assistant", "threat") == "erased"
+    assert changed.sha256 != bank.sha256 and "item:TER-03R" in changed.item_hashes()
+    family = settings.family("qwen2.5-7b")
+    assert "TER-03R" in candidate_frames(settings, changed, family)
+    assert "TER-03R" not in registered_selection(settings, changed, family).confirmatory
+    replaced = registered_selection(settings, changed, family, {"TER-03": "TER-03R"})
+    assert "TER-03R" in replaced.confirmatory and "TER-03" not in replaced.confirmatory

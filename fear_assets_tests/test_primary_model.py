@@ -72,3 +72,20 @@ def test_a_null_h2_is_practically_equivalent(settings):
     (low, high), decision = _label(h["H2"], settings)
     assert low < 0.0 < high
     assert decision.label == "practically_equivalent"
+
+
+def test_a_refit_through_the_compiled_model_reads_its_new_data(settings):
+    """Fitter compiles once per shape; a second dataset of the same shape goes through
+    nutpie's with_data and must give its own answer, not the first dataset's."""
+    from fear_assets.analysis.primary_model import Fitter
+
+    fitter = Fitter(Priors.from_settings(settings), draws=300, tune=400, chains=2)
+    first = prepare(simulate({"self": 0.8, "peer": 0.0, "person": 0.0}, frames=6, seed=4), LEVELS)
+    second = prepare(simulate({"self": -0.8, "peer": 0.0, "person": 0.0}, frames=6, seed=5), LEVELS)
+    results = []
+    for d in (first, second):
+        idata = fitter.fit(d, seed=3)
+        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), ["d1", "d2"])
+        results.append(hypotheses(mu)["H2"].mean())
+    assert fitter.compilations == 1
+    assert results[0] > 0.5 and results[1] < -0.5

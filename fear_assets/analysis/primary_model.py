@@ -77,17 +77,31 @@ def prepare(data: pd.DataFrame, levels: Mapping[str, Sequence], outcome: str = "
                        levels, len(frames), len(units), tuple(covariates), doc_idx, n_docs)
 
 
+FRAME_EFFECTS = {6: ["intercept", "agent1", "agent2", "content", "agent1:content", "agent2:content"],
+                 4: ["intercept", "agent1", "content", "agent1:content"]}
+
+
 def build_model(d: PrimaryData, priors: Priors):
+    """The registered model. Its data are ``pm.Data`` containers (X, Z, y, frame, unit), so a
+    compiled model refits another outcome or dataset of the same shape without recompiling
+    (:func:`refit`)."""
     import pymc as pm
 
-    coords = {"fixed": d.names, "frame_effect": ["intercept", "agent1", "agent2", "content", "agent1:content",
-                                                  "agent2:content"]}
+    n_effects = d.Z.shape[1]
+    coords = {"fixed": d.names, "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
     with pm.Model(coords=coords) as model:
+        X = pm.Data("X", d.X)
+        Z = pm.Data("Z", d.Z)
+        y = pm.Data("y", d.y)
+        frame = pm.Data("frame", d.frame.astype("int64"))
+        unit = pm.Data("unit", d.unit.astype("int64"))
         intercept = pm.Normal("intercept", 0.0, priors.intercept_sd)
-        beta = pm.Normal("beta", 0.0, priors.fixed_sd, dims="fixed")
-        chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=6, eta=priors.lkj_eta,
+        # A data container, so the prior-sensitivity refit (Normal(0, 1)) reuses the compiled model.
+        fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
+        beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
+        chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
                                        sd_dist=pm.HalfNormal.dist(priors.group_sd), compute_corr=True)
-        z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(d.n_frames, 6))
+        z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(d.n_frames, n_effects))
         frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
         unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
         z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=d.n_units)
@@ -95,15 +109,57 @@ def build_model(d: PrimaryData, priors: Priors):
             # H4 (6.1): an extra document intercept over the two content versions.
             doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
             z_doc = pm.Normal("z_document", 0.0, 1.0, shape=d.n_documents)
-            mu_doc = doc_sd * z_doc[d.document]
+            mu_doc = doc_sd * z_doc[pm.Data("document", d.document.astype("int64"))]
         else:
             mu_doc = 0.0
         sigma = pm.HalfNormal("sigma", priors.residual_sd)
         nu = pm.Gamma("nu", alpha=priors.nu_alpha, beta=priors.nu_beta)
-        mu = (intercept + pm.math.dot(d.X, beta) + (d.Z * frame_effects[d.frame]).sum(axis=1)
-              + unit_sd * z_unit[d.unit] + mu_doc)
-        pm.StudentT("y", nu=nu, mu=mu, sigma=sigma, observed=d.y)
+        mu = (intercept + pm.math.dot(X, beta) + (Z * frame_effects[frame]).sum(axis=1)
+              + unit_sd * z_unit[unit] + mu_doc)
+        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=y)
     return model
+
+
+def same_shape(a: PrimaryData, b: PrimaryData) -> bool:
+    """Whether ``b`` can go through a model compiled for ``a`` (same parameters)."""
+    return (a.X.shape[1] == b.X.shape[1] and a.Z.shape[1] == b.Z.shape[1] and a.n_frames == b.n_frames
+            and a.n_units == b.n_units and list(a.names) == list(b.names)
+            and (a.document is None) == (b.document is None) and a.n_documents == b.n_documents)
+
+
+def data_updates(d: PrimaryData) -> dict[str, np.ndarray]:
+    out = {"X": d.X, "Z": d.Z, "y": d.y, "frame": d.frame.astype("int64"), "unit": d.unit.astype("int64")}
+    if d.document is not None:
+        out["document"] = d.document.astype("int64")
+    return out
+
+
+class Fitter:
+    """Compiles the registered model once per shape and refits other data of that shape
+    through nutpie's ``with_data`` (compiling costs more than sampling at pilot sizes)."""
+
+    def __init__(self, priors: Priors, draws: int, tune: int, chains: int):
+        self.priors, self.draws, self.tune, self.chains = priors, draws, tune, chains
+        self._compiled: list[tuple[PrimaryData, object]] = []
+        self.compilations = 0
+
+    def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
+        """Sample the registered model on ``d``; ``fixed_sd`` replaces the fixed-effect prior
+        sd (the prior-sensitivity refit)."""
+        sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
+        try:
+            import nutpie
+        except ImportError:
+            priors = Priors(**{**self.priors.__dict__, "fixed_sd": sd})
+            return sample(build_model(d, priors), self.draws, self.tune, self.chains, seed)
+        compiled = next((c for ref, c in self._compiled if same_shape(ref, d)), None)
+        if compiled is None:
+            compiled = nutpie.compile_pymc_model(build_model(d, self.priors))
+            self._compiled.append((d, compiled))
+            self.compilations += 1
+        compiled = compiled.with_data(**data_updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
+        return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
+                             progress_bar=False, low_rank_modified_mass_matrix=True)
 
 
 def sample(model, draws: int, tune: int, chains: int, seed: int, low_rank: bool = True):

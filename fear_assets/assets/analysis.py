@@ -10,6 +10,7 @@ from pathlib import Path
 
 import arviz as az
 import dagster as dg
+import numpy as np
 import pandas as pd
 
 import fear_assets
@@ -17,6 +18,7 @@ from fear_assets.analysis.primary_model import (Priors, build_model, cell_means,
                                                 posterior_draws, prepare, sample)
 from fear_assets.analysis.unmasking import unmask
 from fear_assets.hashing import derived_seed, sha256_file
+from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.registration.freeze import read_record
 from fear_assets.resources.protocol import ProtocolResource
@@ -123,9 +125,10 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     })
 
 
-@dg.asset_check(asset=h4_posterior, blocking=True, description=(
+@dg.asset_check(asset=h4_posterior, blocking=GATES_BLOCK, description=(
     "Convergence of the H4 fit: R-hat <= 1.01, bulk and tail ESS >= 400 for the reported "
-    "contrast's parameters, no divergences (registered under 'convergence')."))
+    "contrast's parameters, no divergences (registered under 'convergence'). Blocking in "
+    "confirmatory mode; in pilot mode the label carries the failure."))
 def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
     bad = h4_posterior[h4_posterior["flags"].str.contains("NOT CONVERGED")]
     return dg.AssetCheckResult(
@@ -137,3 +140,207 @@ def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
         metadata={"diagnostics": dg.MetadataValue.md(h4_posterior[["frame_set", "max_rhat", "min_ess_bulk",
                                                                    "min_ess_tail", "divergences"]].to_markdown(index=False))},
     )
+
+
+# ---------------------------------------------------------------------------------------
+# The confirmatory analysis and the Section 8 reading (6.1-6.2, 8; D3-D5)
+# ---------------------------------------------------------------------------------------
+def _registered(settings) -> "Registered":
+    from fear_assets.analysis.confirmatory import Registered
+
+    pc, sampler = settings.section("positive_controls"), settings.section("sampler")
+    return Registered(hdi_prob=float(settings.decision["hdi_prob"]), sesoi=float(settings.decision["sesoi"]),
+                      meaningful=float(settings.decision["meaningful"]),
+                      sensitivity_sd=float(settings.section("priors")["sensitivity_fixed_effect_sd"]),
+                      convergence=settings.section("convergence"),
+                      flag_rate=float(settings.section("exclusion")["cell_flag_rate"]),
+                      control_min_mean=float(pc["pass_min_mean"]), control_hdi_above=float(pc["hdi_above"]),
+                      draws=int(sampler["draws"]), tune=int(sampler["tune"]), chains=int(sampler["chains"]))
+
+
+def _record(registration_record: pd.DataFrame) -> dict:
+    return json.loads(registration_record["record_json"].iloc[0])
+
+
+@dg.asset(
+    group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+    kinds={"duckdb", "pymc"},
+    ins={"scores": dg.AssetIn(partition_mapping=all_depths_of_family),
+         "assignment_key": dg.AssetIn(partition_mapping=all_depths_of_family)},
+)
+def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores: pd.DataFrame,
+               assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame, registration_record: pd.DataFrame,
+               pilot_controls: pd.DataFrame, h4_posterior: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    """Every registered estimand of one configuration (5, 6.1-6.2; D3, D4): H1-H3 as
+    band-averaged posterior contrasts of the primary model (Student-t, sum-to-zero fixed
+    effects, LKJ(2) frame slopes, unit intercepts; nutpie), H5 from the hierarchical probit
+    at the H5 depth, H4 from ``h4_posterior``, gates (a)-(c), the positive controls, and the
+    secondary and sensitivity estimands (recall, summed and first-person Delta, prior
+    sensitivity, role-play, base checkpoint, frequentist mixed model, mediation, covariates,
+    exclusions, five-fear breakdown, classes, protective choice). Each row carries its 99%
+    HDI, label and its own R-hat/ESS. Fitted on masked data: the assignment key is joined
+    only once scoring is locked. Draws are stored as files (sha256 in the table). The depth
+    band, H5 depth and pilot sigma come from the registration record, never from these data."""
+    from fear_assets.analysis.confirmatory import Inputs, run
+    from fear_assets.analysis.gate_c import GateCPriors
+    from fear_assets.analysis.h5_model import H5Priors
+    from fear_assets.analysis.plots import delta_by_depth_plot, forest_plot, markdown_image
+
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    family = settings.family(family_key)
+    record = _record(registration_record)
+    frozen = read_record(protocol.registration_dir)
+    unmasked = unmask(scores, assignment_key, list(family.depth_keys), scores, frozen)
+    prefix = "" if (unmasked["block"] == "primary").any() else "pilot_"
+    band = [f"d{d}" for d in record["depth_band"]]
+    fitter_settings = _registered(settings)
+    from fear_assets.analysis.primary_model import Fitter
+
+    fitter = Fitter(Priors.from_settings(settings), fitter_settings.draws, fitter_settings.tune, fitter_settings.chains)
+    inputs = Inputs(
+        scores=unmasked, surprisal=sentence_surprisal, fears_of={i: bank.item(i).group for i in unmasked["item_id"].unique()},
+        fears=settings.fears, neutral_option=int(settings.design["neutral_partner_option"]), band=band,
+        h5_depth=f"d{record['h5_depth']}", pilot_sigma=float(record["pilot_sigma"]),
+        pilot_sigma_judge=record.get("pilot_sigma_judge"),
+        depth_tokens={k: family.tokens_at(family.depth_index(k)) for k in family.depth_keys}, prefix=prefix,
+        registered=fitter_settings,
+        seed=lambda name: derived_seed(settings.master_seed, "posteriors", family_key, name) % (2**31),
+        bank=bank, topic_counts_path=Path(protocol.cache_dir).parent / "topic_counts.csv",
+        pilot_controls=pilot_controls, h5_priors=H5Priors.from_settings(settings),
+        gate_c_priors=GateCPriors.from_settings(settings), log=context.log.info)
+    result = run(inputs, fitter)
+    table = pd.DataFrame(result.rows)
+    h4 = h4_posterior.iloc[0]
+    table = pd.concat([table, pd.DataFrame([{
+        "contrast": "H4", "kind": "confirmatory", "status": "estimated", "scale": "probe log-odds",
+        "mean": h4["mean"], "hdi_low": h4["hdi_low"], "hdi_high": h4["hdi_high"], "label": h4["label"],
+        "practically_meaningful": bool(h4["practically_meaningful"]), "rhat": h4["max_rhat"],
+        "ess_bulk": h4["min_ess_bulk"], "ess_tail": h4["min_ess_tail"], "divergences": h4["divergences"],
+        "note": f"from h4_posterior: {h4['flags']}", "convergence_problems":
+            "see h4_posterior" if "NOT CONVERGED" in str(h4["flags"]) else ""}])], ignore_index=True)
+    directory = Path(protocol.cache_dir).parent / "posteriors" / family_key
+    directory.mkdir(parents=True, exist_ok=True)
+    draws_path = directory / "contrasts.npz"
+    np.savez(draws_path, **result.draws)
+    primary_path = directory / "primary.nc"
+    result.fits["primary"].idata.to_netcdf(str(primary_path))
+    flags = list(record["failed_gates"])
+    if prefix == "pilot_":
+        flags.append("pilot frames only: descriptive (the reduced design scores no confirmatory block)")
+    if family.stand_in:
+        flags.append("stand-in scorer/judge")
+    table = table.assign(family=family_key, frame_set="pilot" if prefix else "confirmatory",
+                         band_depths=",".join(band), h5_depth=f"d{record['h5_depth']}",
+                         converged=table["convergence_problems"].fillna("") == "",
+                         failed_gates="; ".join(flags), draws_file=str(draws_path),
+                         draws_sha256=sha256_file(draws_path), primary_file=str(primary_path),
+                         primary_sha256=sha256_file(primary_path))
+    table["practically_meaningful"] = table["practically_meaningful"].fillna(False).astype(bool)
+    forest_rows = table[table["kind"].isin(["confirmatory", "gate"]) & (table["status"] == "estimated")]
+    rope = tuple(settings.decision["rope"])
+    forest = forest_plot(forest_rows.set_index("contrast")[["mean", "hdi_low", "hdi_high", "label"]].reset_index(),
+                         rope, settings.decision["hdi_prob"], f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)")
+    depth_png = delta_by_depth_plot(result.by_depth)
+    shown = table[["contrast", "kind", "status", "mean", "hdi_low", "hdi_high", "label", "rhat", "ess_bulk",
+                   "convergence_problems"]]
+    return dg.Output(table, metadata={
+        "estimands": dg.MetadataValue.md(shown.round(3).to_markdown(index=False)),
+        "forest plot": dg.MetadataValue.md(markdown_image(forest, "forest plot of H1-H5 and the gates")),
+        "Delta by depth": dg.MetadataValue.md(markdown_image(depth_png, "Delta by depth for the six cells")),
+        "frame set": "pilot (descriptive)" if prefix else "confirmatory",
+        "flags": "; ".join(flags) or "none", "model compilations": fitter.compilations,
+        "draws": f"{draws_path} (sha256 {sha256_file(draws_path)[:12]})",
+    })
+
+
+@dg.asset_check(asset=posteriors, blocking=GATES_BLOCK, description=(
+    "Convergence of every reported contrast (6.1): R-hat <= 1.01, bulk and tail ESS >= 400, "
+    "no divergences. Blocking in confirmatory mode; in pilot mode the reading carries it."))
+def posteriors_converged(posteriors: pd.DataFrame) -> dg.AssetCheckResult:
+    estimated = posteriors[(posteriors["status"] == "estimated") & posteriors["rhat"].notna()]
+    bad = estimated[estimated["convergence_problems"].fillna("") != ""]
+    return dg.AssetCheckResult(
+        passed=bad.empty,
+        description="every reported contrast converged" if bad.empty else
+        "not converged: " + " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples()) +
+        ". What to change: more tuning and draws (settings: sampler), or more frames where frame effects are not "
+        "identified (one pilot frame cannot separate them from the intercept); never read a label that did not converge.",
+        metadata={"diagnostics": dg.MetadataValue.md(estimated[["contrast", "rhat", "ess_bulk", "ess_tail", "divergences"]]
+                                                     .round(3).to_markdown(index=False))})
+
+
+def reading_inputs(posteriors: pd.DataFrame, record: dict) -> dict:
+    """Labels and flags of D5's table from the estimands: a gate or H5 that was not scored
+    cannot pass (Unresolved; H5 'not_tested'); controls not run count as not passed."""
+    by = posteriors.set_index("contrast")
+
+    def lab(name: str, missing: str = "unresolved") -> str:
+        if name not in by.index or by.loc[name, "status"] != "estimated" or not by.loc[name, "label"]:
+            return missing
+        return str(by.loc[name, "label"])
+
+    controls = posteriors[posteriors["kind"] == "control"]
+    controls_failed = bool(len(controls) == 0 or not controls.get("control_passed", pd.Series(dtype=bool)).fillna(False).astype(bool).all())
+    binding_failed = not record["gates"]["binding (4.2)"]["passed"] if "binding (4.2)" in record["gates"] else True
+    in_context = record["gates"].get("binding (4.2)", {}).get("numbers", {}).get("in-context", "")
+    return {"h2": lab("H2"), "h5": lab("H5", "not_tested"), "gate_a": lab("gate_a_service_relevance_H2"),
+            "gate_b": lab("gate_b_recall_H2"), "gate_c": lab("gate_c_judge_H2_difference"),
+            "controls_failed": controls_failed, "binding_failed": binding_failed, "gates_underpowered": False,
+            "h2_meaningful": bool(by.loc["H2", "practically_meaningful"]) if "H2" in by.index else False,
+            "in_context": in_context}
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"})
+def section8_reading(context: dg.AssetExecutionContext, posteriors: pd.DataFrame,
+                     registration_record: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    """The Section 8 reading of one configuration (D5 Table 8): a pure function of the
+    labels of H2, H5 and gates (a)-(c) and the flags (controls, binding, power), with the
+    qualifiers the protocol requires and every flag the analysis carries (failed pilot gates,
+    non-converged contrasts, pilot-only data, stand-ins). The cross-family statement is
+    ``cross_family_statement``."""
+    record = _record(registration_record)
+    args = reading_inputs(posteriors, record)
+    in_context = args.pop("in_context")
+    reading = fear_assets.section8_reading(**args)
+    not_converged = posteriors[(posteriors["status"] == "estimated") & (posteriors["convergence_problems"].fillna("") != "")]
+    flags = [f for f in str(posteriors["failed_gates"].iloc[0]).split("; ") if f]
+    if len(not_converged):
+        flags.append("NOT CONVERGED: " + ", ".join(not_converged["contrast"]) + " (labels not to be read)")
+    not_scored = posteriors[posteriors["status"].isin(["not_scored", "not_available"]) &
+                            posteriors["kind"].isin(["confirmatory", "gate", "control"])]
+    if len(not_scored):
+        flags.append("not scored in this design: " + ", ".join(not_scored["contrast"]))
+    row = {"family": context.partition_key, "code": reading.code, "row": reading.row,
+           "qualifiers": "; ".join(reading.qualifiers), "descriptive_only": reading.descriptive_only,
+           **{k: args[k] for k in ("h2", "h5", "gate_a", "gate_b", "gate_c")},
+           "controls_failed": args["controls_failed"], "binding_failed": args["binding_failed"],
+           "binding_in_context": in_context, "h2_meaningful": args["h2_meaningful"], "flags": "; ".join(flags)}
+    context.log.info(f"Section 8 reading for {context.partition_key}: {reading.code} (row {reading.row})")
+    return dg.Output(pd.DataFrame([row]), metadata={
+        "reading": f"{reading.code} (D5 row {reading.row})",
+        "labels": f"H2 {args['h2']}, H5 {args['h5']}, gate a {args['gate_a']}, gate b {args['gate_b']}, gate c {args['gate_c']}",
+        "qualifiers": "; ".join(reading.qualifiers) or "none", "flags": "; ".join(flags) or "none"})
+
+
+@dg.asset(group_name=GROUP, kinds={"duckdb", "python"},
+          ins={"section8_reading": dg.AssetIn(partition_mapping=dg.AllPartitionMapping())})
+def cross_family_statement(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                           section8_reading: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    """6.2: a statement about current language models in general needs the same H2 label in
+    all three registered families (the embedded demo family does not count); until each
+    has a reading, none is made. A pooled estimate would be descriptive only."""
+    settings = protocol.settings()
+    registered = [k for k, f in settings.families.items() if f.role in ("primary", "replication")]
+    have = section8_reading[section8_reading["family"].isin(registered)]
+    labels = dict(zip(have["family"], have["h2"]))
+    missing = [k for k in registered if k not in labels]
+    if missing:
+        statement = f"no general statement: no reading yet for {', '.join(missing)}"
+    elif len(set(labels.values())) == 1:
+        statement = f"H2 is {next(iter(labels.values()))} in all three families: a statement about current language models may be made"
+    else:
+        statement = "no general statement: the families' H2 labels differ (" + ", ".join(f"{k} {v}" for k, v in labels.items()) + ")"
+    table = pd.DataFrame([{"families": json.dumps(labels), "missing": ", ".join(missing), "statement": statement}])
+    return dg.Output(table, metadata={"statement": statement})

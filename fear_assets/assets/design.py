@@ -12,6 +12,7 @@ from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.design.table import build_trial_table
 from fear_assets.design.trials import registered_selection
+from fear_assets.registration.record import registered_replacements
 from fear_assets.errors import DesignError
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
@@ -63,7 +64,9 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
         raise dg.Failure(description=f"the name gate failed for {family_key} and the settings are in confirmatory "
                                      "mode: nothing downstream is built. See the name_gate asset's check for which "
                                      "tokenizer splits which name.")
-    table, _ = build_trial_table(settings, bank, family_key, depth_index, tokenizers, names)
+    replacements = registered_replacements(protocol.registration_dir, family_key)
+    selection = registered_selection(settings, bank, family, replacements)
+    table, _ = build_trial_table(settings, bank, family_key, depth_index, tokenizers, names, selection)
     table["name_gate_passed"] = gate_passed
     elapsed = time.perf_counter() - started
     context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {elapsed:.1f} s "
@@ -116,7 +119,8 @@ def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResour
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     family = settings.family(family_key)
-    selection = registered_selection(settings, bank, family)
+    selection = registered_selection(settings, bank, family,
+                                     registered_replacements(protocol.registration_dir, family_key))
     table = account(settings, family_key, selection, trial_table)
     shown = table[table["status"] != "not applicable"]
     return dg.Output(table, metadata={

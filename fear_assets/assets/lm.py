@@ -12,24 +12,22 @@ import pandas as pd
 
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.documents import DocumentBuilder
-from fear_assets.design.trials import registered_selection
+from fear_assets.design.trials import candidate_frames
 from fear_assets.hashing import sha256_file, sha256_obj
 from fear_assets.lm.engine import TeacherForcedEngine
-from fear_assets.lm.models import manifest, registry
+from fear_assets.lm.models import manifest, manifest_digest, registry
 from fear_assets.lm.name_gate import run_name_gate
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
 from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.lm.trial_scores import assemble
 from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, SETTINGS, family_depth_partitions,
-                                    family_partitions, partition_parts)
+                                    family_of_partition, family_partitions, partition_parts)
+from fear_assets.modes import GATES_BLOCK
 from fear_assets.resources.models import LanguageModelResource
 from fear_assets.resources.protocol import ProtocolResource
 
 GROUP = "lm"
-#: Registration gates block downstream in confirmatory mode; in pilot mode they record
-#: their failure, which downstream outputs carry, and the run continues.
-GATES_BLOCK = SETTINGS.mode == "confirmatory"
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -95,7 +93,7 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
                          "dtype": spec.dtype, "context_window": spec.context_window,
                          "attn_implementation": spec.attn_implementation, "versions": json.dumps(m["versions"])})
     table = pd.DataFrame(rows)
-    digest = sha256_obj(table.drop(columns=["versions"]).to_dict("records"))
+    digest = manifest_digest(table)
     shown = table.groupby(["role", "checkpoint"]).size().reset_index(name="files")
     return dg.Output(table, data_version=dg.DataVersion(digest), metadata={
         "manifest_sha256": digest, "checkpoints": dg.MetadataValue.md(shown.to_markdown(index=False)),
@@ -103,8 +101,33 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
     })
 
 
+@dg.asset_check(asset=model_manifest, blocking=GATES_BLOCK, description=(
+    "D6: once a registration record exists for the family (data/registration/<family>/), every "
+    "later run must match its frozen part: settings, bank, model manifest and analysis code. "
+    "Blocking in confirmatory mode."))
+def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
+    from fear_assets.registration.record import analysis_code_sha256, frozen_differences, read_family_record
+
+    family = str(model_manifest["family"].iloc[0])
+    record = read_family_record(protocol.registration_dir, family)
+    if record is None:
+        return dg.AssetCheckResult(passed=True, description="no registration record yet: nothing to compare",
+                                   metadata={"record": "none"})
+    settings, bank = protocol.settings(), protocol.bank()
+    current = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
+               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
+    diffs = frozen_differences(record, current)
+    return dg.AssetCheckResult(
+        passed=not diffs,
+        description=f"matches the {record['status']} registration record" if not diffs else
+        "differs from the " + record["status"] + " registration record: " + "; ".join(diffs) +
+        (". Restore the registered inputs, or file an amendment." if record["status"] == "registered" else
+         ". The pilot's draft record is rewritten when registration_record is next materialised."),
+        metadata={"status": record["status"], "differences": len(diffs)})
+
+
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
-          kinds={"duckdb", "pytorch"}, deps=["frame_bank"], op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
 def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                        language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
     """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
@@ -116,10 +139,7 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
     family = settings.family(family_key)
     spec = registry(settings, family_key)["tested"]
     model, tokenizer = language_model.load(spec)
-    selection = registered_selection(settings, bank, family)
-    fears = {bank.item(i).group for i in (*selection.pilot, *selection.confirmatory)}
-    ids = list(dict.fromkeys([*selection.pilot, *selection.confirmatory,
-                              *(f.id for fear in settings.fears if fear in fears for f in bank.frames_of(fear, "reserve"))]))
+    ids = candidate_frames(settings, bank, family)
     builder = DocumentBuilder(settings, bank, family_key, list(settings.names[: settings.selected_name_count]),
                               {"tested": tokenizer})
     started = time.perf_counter()
@@ -132,6 +152,30 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
     })
 
 
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
+def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                            language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
+    """The same document-independent surprisal under the family's base checkpoint (4.3): the
+    base-against-assistant comparison uses only frames that pass matching under both
+    checkpoints of the lineage. Empty (with a note) for a family without a base checkpoint."""
+    from fear_assets.lm.surprisal import SURPRISAL_COLUMNS
+
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    spec = registry(settings, family_key)["base"]
+    if spec is None:
+        return dg.Output(pd.DataFrame(columns=SURPRISAL_COLUMNS).assign(family=family_key),
+                         metadata={"note": "no base checkpoint registered: base analyses are not available"})
+    model, tokenizer = language_model.load(spec)
+    ids = candidate_frames(settings, bank, settings.family(family_key))
+    builder = DocumentBuilder(settings, bank, family_key, list(settings.names[: settings.selected_name_count]),
+                              {"tested": tokenizer})
+    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
+                              log=context.log.info)
+    return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})
+
+
 def _write_features(path: Path, features: np.ndarray) -> str:
     """Atomic .npy write; returns its sha256 (Appendix B: activation checksums)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,26 +185,12 @@ def _write_features(path: Path, features: np.ndarray) -> str:
     return sha256_file(path)
 
 
-@dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
-          output_required=False, kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
-def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
-           trial_table: pd.DataFrame):
-    """Teacher-forced scores of one family x depth (protocol 4.5): one immutable row per trial
-    with the canonical reports' mean and summed log-probabilities in the document and in its
-    distractor-only baseline, Delta (and its summed, first-person and recall versions), the
-    forced-choice probabilities, the greedy answer with its truncation flag, attention mass
-    to each sentence, and the residual-feature row (features in a checksummed .npy file).
-    One prefill per document; documents over the context window are excluded with a reason."""
+def _score_table(context, protocol: ProtocolResource, language_model: LanguageModelResource, table: pd.DataFrame,
+                 family_key: str, depth: str, feature_name: str) -> tuple[pd.DataFrame, dict]:
+    """Score every trial of ``table`` (one family x depth); returns (rows, metadata)."""
     settings, bank = protocol.settings(), protocol.bank()
-    family_key, depth = partition_parts(context)
     family = settings.family(family_key)
-    if depth not in family.depth_keys or trial_table.empty:
-        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
-        return
     reduced = family.reduced_design
-    table = trial_table
-    if reduced is not None:
-        table = table[table["block"].isin(reduced.scored_blocks)]
     names = json.loads(table["selected_names"].iloc[0])
     specs = registry(settings, family_key)
     gen = settings.section("generation")
@@ -171,7 +201,8 @@ def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, langua
     for reader, rows in table.groupby("reader", sort=False):
         spec = specs["base" if reader == "base" else reader]
         model, tokenizer = language_model.load(spec)
-        requests = build_requests(rows, bank.templates, builder.document_text)
+        requests = build_requests(rows, bank.templates, builder.document_text,
+                                  reduced.branches if reduced is not None else None)
         eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
                if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id]
         last_log = [0.0]
@@ -195,18 +226,70 @@ def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, langua
         parts.append(part)
     result = pd.concat(parts, ignore_index=True)
     features = np.concatenate([f for f in all_features if len(f)]) if any(len(f) for f in all_features) else np.zeros((0, 0), np.float32)
-    feature_path = Path(protocol.cache_dir).parent / "features" / family_key / f"{depth}.npy"
+    feature_path = Path(protocol.cache_dir).parent / "features" / family_key / f"{feature_name}.npy"
     digest = _write_features(feature_path, features)
     result["features_file"] = str(feature_path)
     result["features_sha256"] = digest
     result["settings_sha256"] = settings.sha256
     result["bank_sha256"] = bank.sha256
-    excluded = int(result["excluded_context"].sum())
     summary = result.groupby("block")[["delta", "delta_recall"]].mean().round(4)
-    yield dg.Output(result, metadata={
-        "trials scored": len(result), "excluded (context window)": excluded,
+    return result, {
+        "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
         "generation truncated": int(result["generation_truncated"].sum()),
         "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
         "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
-    })
+    }
+
+
+def _pilot_control_blocks(settings) -> set[str]:
+    return set(settings.section("positive_controls")["pilot_blocks"])
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
+          output_required=False, kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
+def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
+           trial_table: pd.DataFrame):
+    """Teacher-forced scores of one family x depth (protocol 4.5): one immutable row per trial
+    with the canonical reports' mean and summed log-probabilities in the document and in its
+    distractor-only baseline, Delta (and its summed, first-person and recall versions), the
+    forced-choice probabilities, the greedy answer with its truncation flag, attention mass
+    to each sentence, and the residual-feature row (features in a checksummed .npy file).
+    One prefill per document; documents over the context window are excluded with a reason.
+    The pilot's positive-control blocks are scored later, at the band depths only
+    (``pilot_control_scores``)."""
+    settings = protocol.settings()
+    family_key, depth = partition_parts(context)
+    family = settings.family(family_key)
+    if depth not in family.depth_keys or trial_table.empty:
+        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
+        return
+    table = trial_table[~trial_table["block"].isin(_pilot_control_blocks(settings))]
+    if family.reduced_design is not None:
+        table = table[table["block"].isin(family.reduced_design.scored_blocks)]
+    result, metadata = _score_table(context, protocol, language_model, table, family_key, depth, depth)
+    yield dg.Output(result, metadata=metadata)
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
+          output_required=False, kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
+          ins={"pilot_depths": dg.AssetIn(partition_mapping=family_of_partition)})
+def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                         language_model: LanguageModelResource, trial_table: pd.DataFrame,
+                         pilot_depths: pd.DataFrame):
+    """The pilot's positive-control documents (protocol 4.6, D4), scored after the depth band
+    is fixed and only at the band depths (Appendix C step 2: their contrasts are averaged
+    over the band). A depth outside the band materialises nothing."""
+    settings = protocol.settings()
+    family_key, depth = partition_parts(context)
+    band = {f"d{b}" for b in str(pilot_depths["depth_band"].iloc[0]).split(",")}
+    if depth not in band or trial_table.empty:
+        context.log.info(f"{depth} is not in the depth band {sorted(band)}: the pilot controls are not scored here")
+        return
+    table = trial_table[trial_table["block"].isin(_pilot_control_blocks(settings))]
+    if table.empty:
+        context.log.info(f"{depth}|{family_key}: no pilot control blocks in the trial table")
+        return
+    result, metadata = _score_table(context, protocol, language_model, table, family_key, depth,
+                                    f"{depth}_pilot_controls")
+    yield dg.Output(result, metadata=metadata)

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.hashing import sha256_file
+from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, SETTINGS, all_depths_of_family, family_partitions
 from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, pilot_rules, run_probes
 from fear_assets.resources.protocol import ProtocolResource
@@ -97,7 +98,7 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores
     })
 
 
-@dg.asset_check(asset="probe_controls", description=(
+@dg.asset_check(asset="probe_controls", blocking=GATES_BLOCK, description=(
     "Protocol 6.1: every control probe (cell+order+depth, order+depth, depth, shuffled labels, "
     "no agent sentence) decodes at chance: its 99% interval includes 0.5. Otherwise H4 is "
     "uninterpretable for this configuration."))
@@ -113,7 +114,7 @@ def controls_at_chance(probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset="probe_controls", description=(
+@dg.asset_check(asset="probe_controls", blocking=GATES_BLOCK, description=(
     "Protocol 6.3 pilot probe rules: the probe decodes the option at the shallowest depth, "
     "and mean accuracy at the band depths is not above the ceiling (0.95); above it, H4 is "
     "declared estimation-only before collection."))

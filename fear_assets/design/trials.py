@@ -9,7 +9,7 @@ these rows by :mod:`fear_assets.design.documents`; masking replaces the cell by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -78,8 +78,11 @@ class FrameSelection:
         return getattr(self, source)
 
 
-def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family) -> FrameSelection:
-    """The bank's registered sets; a reduced design takes the lowest-numbered per fear/class."""
+def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family,
+                         replacements: Mapping[str, str] | None = None) -> FrameSelection:
+    """The bank's registered sets; a reduced design takes the lowest-numbered per fear/class.
+    ``replacements`` (a registered record's frame -> rewrite or reserve) swap confirmatory
+    frames that failed a pilot gate (4.3)."""
     reduced = family.reduced_design
     def take(items: Sequence[Item], n: int | None) -> list[str]:
         return [i.id for i in (items if n is None else items[:n])]
@@ -99,9 +102,25 @@ def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family)
             f"{settings.design['confirmatory_frames_required']} are registered; write or promote frames "
             "(protocol 4.3) before building the design"
         )
+    if replacements:
+        confirmatory = [replacements.get(i, i) for i in confirmatory]
     return FrameSelection(pilot=tuple(pilot), confirmatory=tuple(confirmatory),
                           generic_aversive=tuple(events["generic_aversive"]),
                           surprise_only=tuple(events["surprise_only"]))
+
+
+def candidate_frames(settings: ProtocolSettings, bank: Bank, family: Family) -> list[str]:
+    """The design's pilot and confirmatory frames and every reserve frame of their fears
+    (the candidates for replacement), which the pilot gates all examine (a reduced design
+    may leave the reserves out)."""
+    selection = registered_selection(settings, bank, family)
+    fears = {bank.item(i).group for i in (*selection.pilot, *selection.confirmatory)}
+    examine = family.reduced_design is None or family.reduced_design.examine_reserves
+    reserves = [f.id for fear in settings.fears if fear in fears for f in bank.frames_of(fear, "reserve")] \
+        if examine else []
+    frames = [*selection.pilot, *selection.confirmatory, *reserves]
+    rewrites = [r.id for f in frames if (r := bank.rewrite_of(f)) is not None]
+    return list(dict.fromkeys([*frames, *rewrites]))
 
 
 # ---------------------------------------------------------------------------------------

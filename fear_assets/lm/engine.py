@@ -209,6 +209,31 @@ class TeacherForcedEngine:
         return results
 
     @torch.inference_mode()
+    def next_token_logprobs(self, cache, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Log-probabilities of the next token after each row appended to ``cache`` (one
+        batched forward, right-padded; the head runs only at each row's last position, which
+        is what choice questions read). The cache is consumed (expanded to the batch)."""
+        n_ctx = cache.get_seq_length()
+        b, width = len(rows), max(len(r) for r in rows)
+        inputs = torch.zeros((b, width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((b, n_ctx + width), dtype=torch.long, device=self.device)
+        mask[:, :n_ctx] = 1
+        for i, r in enumerate(rows):
+            inputs[i, : len(r)] = torch.tensor(list(r), device=self.device)
+            mask[i, n_ctx: n_ctx + len(r)] = 1
+        positions = torch.arange(n_ctx, n_ctx + width, device=self.device)
+        cache.batch_repeat_interleave(b)
+        out = self.model.get_decoder()(input_ids=inputs, attention_mask=mask, cache=cache, use_cache=True,
+                                       position_ids=positions[None].expand(b, -1), cache_position=positions)
+        last = out.last_hidden_state[torch.arange(b, device=self.device),
+                                     torch.tensor([len(r) - 1 for r in rows], device=self.device)]
+        logits = self.model.get_output_embeddings()(last).float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:  # Gemma-2 caps its final logits in the causal-LM head; so must we
+            logits = torch.tanh(logits / cap) * cap
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
     def score_many(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]],
                    batch_size: int = 64) -> list[ContinuationScore]:
         """Many continuations of one context: one prefill, then batches from copies of its cache."""

@@ -152,3 +152,13 @@ def manifest(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
     }
+
+
+def manifest_digest(table) -> str:
+    """sha256 of a model-manifest table (role, checkpoint, file, digest, loading settings),
+    independent of row order and of how the store typed the columns."""
+    from fear_assets.hashing import sha256_obj
+
+    cols = ["family", "role", "checkpoint", "file", "sha256", "dtype", "context_window", "attn_implementation"]
+    rows = sorted(tuple(str(v) for v in r) for r in table[cols].itertuples(index=False))
+    return sha256_obj([list(r) for r in rows])

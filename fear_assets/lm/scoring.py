@@ -48,8 +48,16 @@ def _branch_suffix(suffix: str, report_prompt: str, prompt: str) -> str:
     return suffix.replace(report_prompt, prompt)
 
 
-def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Callable[[Mapping], str]) -> list[DocumentRequest]:
-    """Document requests of one partition (both agent documents and their baselines)."""
+ALL_READOUTS = frozenset({"report", "recall", "forced_choice", "generate"})
+
+
+def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Callable[[Mapping], str],
+                   readouts: Mapping[str, Sequence[str]] | None = None) -> list[DocumentRequest]:
+    """Document requests of one partition (both agent documents and their baselines).
+
+    ``readouts`` (block -> readouts) restricts what a block reads (a reduced design's
+    ``branches``); a block not named reads every branch, as a registered family does."""
+    readouts = readouts or {}
     prompts = templates["prompts"]
     report_prompt = prompts["report"]
     requests: dict[str, DocumentRequest] = {}
@@ -82,26 +90,29 @@ def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Calla
             req.question_span = (q_start, q_start + len(report_prompt))
             requests[row["trial_id"]] = req
             continue
+        wanted = set(readouts.get(row["block"], ALL_READOUTS))
         if row["prompt"] == "report":
-            report = {f"{side}_{form}": conts[side][form] for side in SIDES if side in conts
-                      for form in forms if form in conts[side]}
-            req.continuations["report"] = report
+            if "report" in wanted:
+                req.continuations["report"] = {f"{side}_{form}": conts[side][form] for side in SIDES
+                                               if side in conts for form in forms if form in conts[side]}
             if row["block_kind"] == "agent":
-                req.branches["recall"] = head + _branch_suffix(row["suffix_text"], report_prompt, prompts["recall"])
-                req.continuations["recall"] = {f"{s}_recall": conts[s]["quotation"] for s in SIDES}
-                req.branches["forced_choice"] = head + _branch_suffix(row["suffix_text"], report_prompt,
-                                                                      row["forced_choice_prompt"])
-                req.choices["forced_choice"] = ["A", "B"]
+                if "recall" in wanted:
+                    req.branches["recall"] = head + _branch_suffix(row["suffix_text"], report_prompt, prompts["recall"])
+                    req.continuations["recall"] = {f"{s}_recall": conts[s]["quotation"] for s in SIDES}
+                if "forced_choice" in wanted:
+                    req.branches["forced_choice"] = head + _branch_suffix(row["suffix_text"], report_prompt,
+                                                                          row["forced_choice_prompt"])
+                    req.choices["forced_choice"] = ["A", "B"]
+                if "generate" in wanted:
+                    req.generate = "report"
+            if wanted == ALL_READOUTS:
+                req.features = True
+                q_start = text.rindex(report_prompt)
+                req.question_span = (q_start, q_start + len(report_prompt))
+        elif row["prompt"] in ("binding_check", "protective_choice"):
+            req.choices["report"] = ["A", "B", "C"] if row["prompt"] == "binding_check" else ["A", "B"]
+            if "generate" in wanted:
                 req.generate = "report"
-            req.features = True
-            q_start = text.rindex(report_prompt)
-            req.question_span = (q_start, q_start + len(report_prompt))
-        elif row["prompt"] == "binding_check":
-            req.choices["report"] = ["A", "B", "C"]
-            req.generate = "report"
-        elif row["prompt"] == "protective_choice":
-            req.choices["report"] = ["A", "B"]
-            req.generate = "report"
         if conts:
             for side in SIDES:
                 sentence = conts[side]["quotation"]
@@ -114,6 +125,10 @@ def build_requests(table: pd.DataFrame, templates: Mapping, document_text: Calla
             base.trial_ids.append(row["trial_id"])
             base.continuations["report"].update({v: v for v in req.continuations.get("report", {}).values()})
             base.continuations["recall"].update({v: v for v in req.continuations.get("recall", {}).values()})
+    # A baseline whose dependent trials read no recall does not run that branch.
+    for base in baselines.values():
+        if not base.continuations["recall"]:
+            del base.branches["recall"], base.continuations["recall"]
     return [*requests.values(), *baselines.values()]
 
 

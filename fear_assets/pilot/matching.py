@@ -13,6 +13,7 @@ to write.
 from __future__ import annotations
 
 from itertools import combinations
+from typing import Mapping
 
 import pandas as pd
 from statsmodels.stats.weightstats import DescrStatsW
@@ -49,10 +50,14 @@ def frame_verdicts(differences: pd.DataFrame, tolerance: float) -> pd.DataFrame:
     return out
 
 
-def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_fear: int) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Confirmatory frames after replacement: each failing confirmatory frame is replaced by
+def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_fear: int,
+                  rewrites: Mapping[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Confirmatory frames after replacement (4.3): a failing confirmatory frame is replaced
+    by its registered rewrite if that passes (``rewrites``: frame id -> rewrite id), else by
     the lowest-numbered passing reserve frame of its fear. Returns (selection, shortfall by fear)."""
     v = verdicts.assign(number=verdicts["item_id"].map(numbers))
+    passing = set(v.loc[v["passes"].astype(bool), "item_id"])
+    rewrites = rewrites or {}
     selected, shortfall = [], {}
     for fear, part in v.groupby("fear", sort=True):
         confirmatory = part[part["frame_set"] == "confirmatory"].sort_values("number")
@@ -60,6 +65,8 @@ def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_
         for row in confirmatory.itertuples():
             if row.passes:
                 selected.append({"fear": fear, "item_id": row.item_id, "replaces": ""})
+            elif rewrites.get(row.item_id) in passing:
+                selected.append({"fear": fear, "item_id": rewrites[row.item_id], "replaces": row.item_id})
             elif reserves:
                 selected.append({"fear": fear, "item_id": reserves.pop(0), "replaces": row.item_id})
         have = sum(1 for s in selected if s["fear"] == fear)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from dagster._core.storage.db_io_manager import DbIOManager
 from dagster_duckdb.io_manager import DuckDbClient, _get_cleanup_statement
-from dagster_duckdb_pandas import DuckDBPandasIOManager
+from dagster_duckdb_pandas import DuckDBPandasIOManager, DuckDBPandasTypeHandler
 
 from fear_assets.settings import DEFAULT_DUCKDB_PATH
 
@@ -53,8 +53,24 @@ class TransactionalDuckDbClient(DuckDbClient):
             connection.execute(_get_cleanup_statement(table_slice))
 
 
+class EmptyAwarePandasTypeHandler(DuckDBPandasTypeHandler):
+    """The stock handler skips an empty DataFrame without creating its table, so a
+    downstream read of a legitimately empty output (e.g. no base checkpoint) would fail;
+    this one creates the table from the frame's columns first."""
+
+    def handle_output(self, context, table_slice, obj, connection):
+        if obj is not None and obj.empty and len(obj.columns):
+            connection.execute(f"create table if not exists {table_slice.schema}.{table_slice.table} "
+                               "as select * from obj limit 0")
+        return super().handle_output(context, table_slice, obj, connection)
+
+
 class TransactionalDuckDBPandasIOManager(DuckDBPandasIOManager):
     """DuckDB pandas IO manager that replaces a partition in one transaction."""
+
+    @staticmethod
+    def type_handlers():
+        return [EmptyAwarePandasTypeHandler()]
 
     def create_io_manager(self, context) -> DbIOManager:
         return DbIOManager(

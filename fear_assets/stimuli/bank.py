@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import string
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -61,6 +61,9 @@ class Item:
     verbs: Mapping[str, Mapping[str, str]]  # agent kind -> content -> verb phrase
     partner: Partner
     source_file: str = field(compare=False)
+    #: For a registered rewrite (4.3: a frame failing matching is rewritten once): the
+    #: frame it rewrites. Rewrites have set "rewrite" and id "<frame id>R".
+    rewrite_of: str = ""
 
     def verb(self, agent_kind: str, content: str) -> str:
         return self.verbs[agent_kind][content]
@@ -78,6 +81,7 @@ class Item:
                 "content_options": list(self.partner.content_options),
                 "question": self.partner.question,
             },
+            **({"rewrite_of": self.rewrite_of} if self.rewrite_of else {}),
         }
 
 
@@ -89,13 +93,17 @@ class Bank:
     templates: Mapping[str, Any]
     frames: tuple[Item, ...]
     events: tuple[Item, ...]
+    rewrites: tuple[Item, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
-        return {
+        out = {
             "templates": self.templates,
             "frames": [f.as_record() for f in sorted(self.frames, key=lambda i: i.id)],
             "events": [e.as_record() for e in sorted(self.events, key=lambda i: i.id)],
         }
+        if self.rewrites:  # absent when there are none, so adding the feature left the hash unchanged
+            out["rewrites"] = [r.as_record() for r in sorted(self.rewrites, key=lambda i: i.id)]
+        return out
 
     def canonical_text(self) -> str:
         return canonical_json(self.canonical())
@@ -107,7 +115,7 @@ class Bank:
     def item_hashes(self) -> dict[str, str]:
         """Per-item hashes, so a freeze failure can name the item that changed."""
         hashes = {"templates": sha256_obj(self.templates)}
-        hashes.update({f"item:{i.id}": sha256_obj(i.as_record()) for i in (*self.frames, *self.events)})
+        hashes.update({f"item:{i.id}": sha256_obj(i.as_record()) for i in (*self.frames, *self.events, *self.rewrites)})
         return dict(sorted(hashes.items()))
 
     def frames_of(self, fear: str, frame_set: str) -> tuple[Item, ...]:
@@ -117,8 +125,12 @@ class Bank:
     def events_of(self, event_class: str) -> tuple[Item, ...]:
         return tuple(sorted((e for e in self.events if e.group == event_class), key=lambda e: e.number))
 
+    def rewrite_of(self, frame_id: str) -> Item | None:
+        """The registered rewrite of a frame, if the bank carries one."""
+        return next((r for r in self.rewrites if r.rewrite_of == frame_id), None)
+
     def item(self, item_id: str) -> Item:
-        for it in (*self.frames, *self.events):
+        for it in (*self.frames, *self.events, *self.rewrites):
             if it.id == item_id:
                 return it
         raise KeyError(item_id)
@@ -287,7 +299,7 @@ def _load_yaml(path: Path) -> Any:
 
 def _load_items(root: Path, sub: str, group_key: str, list_key: str, kind: str, groups: tuple[str, ...],
                 rules: Mapping[str, Any], frame_sets: Mapping[str, list[int]] | None,
-                expected_per_group: int) -> list[Item]:
+                expected_per_group: int, rewrites: list[Item] | None = None) -> list[Item]:
     items: list[Item] = []
     directory = root / sub
     files = sorted(directory.glob("*.yaml")) if directory.is_dir() else []
@@ -314,6 +326,19 @@ def _load_items(root: Path, sub: str, group_key: str, list_key: str, kind: str, 
             if not isinstance(item_id, str) or not item_id:
                 raise BankError(path, f"{list_key}[{pos}]", "id", "missing id", "give every item a unique id, e.g. TER-01")
             item = _parse_item(_Checker(path, item_id), entry, kind, group, path, rules, frame_sets)
+            if "rewrite" in entry:
+                if kind != "frame" or rewrites is None:
+                    raise BankError(path, item_id, "rewrite", "only agent frames carry a rewrite",
+                                    "remove the rewrite from this item")
+                # The rewrite inherits number and set; it is its own item "<id>R" (4.3).
+                raw = entry["rewrite"]
+                if not isinstance(raw, Mapping):
+                    raise BankError(path, item_id, "rewrite", "expected a mapping with the frame's fields",
+                                    "write the rewrite as a full frame (sentence, verbs, partner, ...) without id")
+                rewritten = _parse_item(_Checker(path, f"{item_id}R"), {**raw, "number": entry.get("number"),
+                                                                        "set": entry.get("set")},
+                                        kind, group, path, rules, frame_sets)
+                rewrites.append(replace(rewritten, set="rewrite", rewrite_of=item_id))
             if item.number in numbers:
                 raise BankError(path, item_id, "number", f"number {item.number} is used twice in {group}",
                                 "number the items of a file 1, 2, 3, ... without repeats")
@@ -407,27 +432,28 @@ def load_bank(root: str | Path = DEFAULT_BANK_DIR, settings: ProtocolSettings | 
     templates = _load_yaml(templates_path)
     _check_templates(templates_path, templates, settings)
     rules = settings.bank_rules
+    rewrites: list[Item] = []
     frames = _load_items(root, "frames", "fear", "frames", "frame", settings.fears, rules,
-                         rules["frame_sets"], int(rules["frames_per_fear"]))
+                         rules["frame_sets"], int(rules["frames_per_fear"]), rewrites)
     events = _load_items(root, "events", "class", "events", "event", tuple(rules["event_classes"]), rules,
                          None, int(rules["events_per_class"]))
     seen: dict[str, str] = {}
-    for it in (*frames, *events):
+    for it in (*frames, *events, *rewrites):
         if it.id in seen:
             raise BankError(it.source_file, it.id, "id", f"duplicate id (also in {seen[it.id]})",
                             "give every frame and event a unique id")
         seen[it.id] = it.source_file
     partners: dict[tuple, str] = {}
-    for it in (*frames, *events):
+    for it in (*frames, *events, *rewrites):
         key = (it.partner.sentence, it.partner.content_options)
-        if key in partners:
+        if key in partners and partners[key] != it.rewrite_of:  # a rewrite may keep its frame's partner
             raise BankError(it.source_file, it.id, "partner", f"the same neutral partner as {partners[key]}",
                             "give every frame and event its own partner (another meeting or other rooms)")
         partners[key] = it.id
-    _check_no_names([*frames, *events], settings)
+    _check_no_names([*frames, *events, *rewrites], settings)
     _check_mentions(templates_path, templates, settings)
-    _check_distractor_clean(templates_path, templates, [*frames, *events], settings)
-    return Bank(root=root, templates=templates, frames=tuple(frames), events=tuple(events))
+    _check_distractor_clean(templates_path, templates, [*frames, *events, *rewrites], settings)
+    return Bank(root=root, templates=templates, frames=tuple(frames), events=tuple(events), rewrites=tuple(rewrites))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,317 @@
+"""The confirmatory analysis of one configuration (protocol 5, 6.1-6.2; D3-D5), as one
+pure function of unmasked scores: H1-H3 (band-averaged contrasts of the primary model),
+H5 (hierarchical probit at the H5 depth), gates (a)-(c), the positive controls, and the
+secondary and sensitivity estimands. Each estimand is one row; one that its design did not
+score says so (status ``not_scored`` / ``not_available``), never a made-up number.
+
+Refits that keep the primary model's shape (recall, summed and first-person Delta, the
+prior-sensitivity refit, service relevance, role-play, the base checkpoint, three of the
+four controls) go through the compiled model with new data (``Fitter``), so they cost a
+sampling run, not a compilation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.analysis.controls import CONTRASTS, CONTROLS, control_verdict
+from fear_assets.analysis.data import AGENTS, levels_of, model_table
+from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells
+from fear_assets.analysis.primary_model import Fitter, hypotheses
+from fear_assets.reading.decision import label
+
+
+@dataclass
+class Registered:
+    """The registered numbers the analysis reads (all from the protocol settings)."""
+
+    hdi_prob: float
+    sesoi: float
+    meaningful: float
+    sensitivity_sd: float
+    convergence: Mapping[str, float]
+    flag_rate: float
+    control_min_mean: float
+    control_hdi_above: float
+    draws: int
+    tune: int
+    chains: int
+
+
+@dataclass
+class Inputs:
+    scores: pd.DataFrame  # unmasked: agent, content, condition joined
+    surprisal: pd.DataFrame
+    fears_of: Mapping[str, str]
+    fears: Sequence[str]
+    neutral_option: int
+    band: Sequence[str]
+    h5_depth: str
+    pilot_sigma: float
+    depth_tokens: Mapping[str, int]
+    prefix: str  # "" for confirmatory frames, "pilot_" when only the pilot frames were scored
+    registered: Registered
+    seed: Callable[[str], int]
+    pilot_sigma_judge: float | None = None
+    bank: object | None = None
+    topic_counts_path: object | None = None
+    pilot_controls: pd.DataFrame | None = None
+    h5_priors: object | None = None
+    gate_c_priors: object | None = None
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Result:
+    rows: list[dict] = field(default_factory=list)
+    draws: dict[str, np.ndarray] = field(default_factory=dict)
+    by_depth: pd.DataFrame | None = None
+    fits: dict[str, Fit] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _missing(name: str, kind: str, status: str, note: str) -> dict:
+    return {"contrast": name, "kind": kind, "status": status, "note": note, "mean": np.nan, "hdi_low": np.nan,
+            "hdi_high": np.nan, "label": "", "practically_meaningful": False, "rhat": np.nan, "ess_bulk": np.nan,
+            "ess_tail": np.nan, "divergences": 0}
+
+
+def h2(mu) -> np.ndarray:
+    return hypotheses(mu)["H2"]
+
+
+def run(inputs: Inputs, fitter: Fitter) -> Result:
+    reg, out = inputs.registered, Result()
+    scores = inputs.scores
+    block = lambda name: scores[scores["block"] == inputs.prefix + name]
+
+    def table(name: str, outcome: str = "delta") -> pd.DataFrame:
+        rows = block(name)
+        return (model_table(rows, inputs.surprisal, dict(inputs.fears_of), inputs.neutral_option, outcome)
+                if len(rows) else rows)
+
+    def add(name: str, kind: str, draws: np.ndarray, fit: Fit, scale: str = "Delta", rope: float | None = None,
+            note: str = "") -> dict:
+        row = contrast_summary(name, draws, fit.chains, reg.hdi_prob, reg.sesoi, rope,
+                               fit.diagnostics["divergences"], kind=kind, status="estimated", scale=scale,
+                               note=note, trials=fit.rows)
+        row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
+        out.rows.append(row)
+        out.draws[name] = np.asarray(draws)
+        inputs.log(f"{name}: mean {row['mean']:.3f}, {reg.hdi_prob:.0%} HDI [{row['hdi_low']:.3f}, "
+                   f"{row['hdi_high']:.3f}] -> {row['label']}")
+        return row
+
+    # -- H1-H3 on Delta -------------------------------------------------------------------
+    primary = table("primary")
+    if primary.empty:
+        raise ValueError(f"no {inputs.prefix}primary scores: materialise scores for every depth first")
+    pfit = fit_cells(fitter, primary, inputs.fears, inputs.band, inputs.seed("primary"), "primary")
+    out.fits["primary"] = pfit
+    for h, draws in hypotheses(pfit.mu).items():
+        add(h, "confirmatory", draws, pfit)
+    out.by_depth = delta_by_depth(fitter, pfit, inputs)
+
+    # -- same-shape refits: recall (gate b), summed, first-person, prior sensitivity -------
+    def refit(name: str, data: pd.DataFrame, kind: str, note: str = "", fixed_sd: float | None = None,
+              contrast=h2) -> dict | None:
+        from fear_assets.analysis.data import prepared
+        from fear_assets.analysis.primary_model import cell_means, posterior_draws
+
+        levels = levels_of(data, inputs.fears)
+        d = prepared(data, levels)
+        idata = fitter.fit(d, inputs.seed(name), fixed_sd=fixed_sd)
+        from fear_assets.analysis.primary_model import convergence
+
+        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
+                        [b for b in inputs.band if b in levels["depth"]])
+        fit = Fit(name, d, idata, mu, list(inputs.band), len(data), convergence(idata))
+        out.fits[name] = fit
+        return add(name, kind, contrast(mu), fit, note=note)
+
+    recall = primary.assign(outcome=primary["delta_recall"]) if primary["delta_recall"].notna().all() else None
+    if recall is not None:
+        refit("gate_b_recall_H2", recall, "gate", "H2 on the recall branch (gate b; also the recall estimand)")
+    else:
+        out.rows.append(_missing("gate_b_recall_H2", "gate", "not_scored", "the recall branch was not read"))
+    refit("H2_summed_logprob", primary.assign(outcome=primary["delta_sum"]), "sensitivity",
+          "summed rather than per-token log-probability Delta")
+    first = primary["delta_first_person"].where(primary["agent"] == "self", primary["delta"])
+    if first.notna().all():
+        refit("H2_first_person", primary.assign(outcome=first), "sensitivity",
+              "self cells scored with the first-person report form")
+    refit("H2_prior_sensitivity", primary, "sensitivity",
+          f"fixed effects Normal(0, {reg.sensitivity_sd:g}) instead of Normal(0, 0.5)", fixed_sd=reg.sensitivity_sd)
+
+    # -- gate (a): service relevance; role-play; base checkpoint --------------------------
+    for name, blk, kind, note in (("gate_a_service_relevance_H2", "service_relevance", "gate",
+                                   "H2 in the service-relevance condition (gate a)"),
+                                  ("H2_role_play", "role_play", "secondary", "H2 with the role-play prompt"),
+                                  ("H2_base_checkpoint", "base_checkpoint", "secondary", "H2 under the base checkpoint")):
+        data = table(blk)
+        if data.empty:
+            out.rows.append(_missing(name, kind, "not_scored", f"block {inputs.prefix}{blk} not scored in this design"))
+            continue
+        row = refit(name, data, kind, note)
+        if name == "H2_role_play" and row is not None:
+            add("H2_role_play_minus_default", "secondary", out.draws[name] - out.draws["H2"], pfit,
+                note="role-play minus default H2 (independent fits)")
+        if name == "H2_base_checkpoint" and row is not None:
+            add("H2_base_vs_assistant", "secondary", out.draws[name] - out.draws["H2"], pfit,
+                note="base minus assistant H2 (independent fits)")
+
+    # -- gate (c): the joint model of the tested model and the foreign judge -------------
+    judge = table("judge")
+    if judge.empty:
+        out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_scored",
+                                 f"block {inputs.prefix}judge not scored in this design"))
+    else:
+        gate_c(inputs, primary, judge, out, add)
+
+    # -- H5: hierarchical probit at the H5 depth -------------------------------------------
+    h5(inputs, block, out)
+
+    # -- positive controls -------------------------------------------------------------------
+    controls(inputs, fitter, table, pfit, out, add)
+
+    # -- secondary and sensitivity estimands that are not refits ----------------------------
+    from fear_assets.analysis import secondary
+
+    bayes = {r["contrast"]: r["label"] for r in out.rows if r["contrast"] in ("H1", "H2", "H3")}
+    out.rows += secondary.frequentist_rows(primary, inputs.fears, inputs.band, reg.hdi_prob, reg.sesoi, bayes)
+    out.rows += secondary.mediation_rows(primary, inputs.fears, inputs.band, reg.hdi_prob)
+    exclusion, rates = secondary.exclusion_rows(scores[scores["block_kind"] != "baseline"], reg.flag_rate)
+    out.rows += exclusion
+    flagged = rates[rates["flagged"] & (rates["block"] == inputs.prefix + "primary")]
+    if len(flagged):
+        keep = ~primary.set_index(["agent", "content", "depth"]).index.isin(
+            list(flagged[["agent", "content", "depth"]].itertuples(index=False, name=None)))
+        refit("H2_without_flagged_cells", primary[keep], "sensitivity", "cells with > 5% exclusions left out")
+    if inputs.bank is not None:
+        phrases = {fear: sorted({f.verb("assistant", "threat") for s in ("pilot", "confirmatory", "reserve")
+                                 for f in inputs.bank.frames_of(fear, s)}) for fear in inputs.fears}
+        out.rows += secondary.five_fear_rows(primary, inputs.fears, inputs.topic_counts_path, phrases)
+        out.rows += secondary.generated_report_rows(primary, inputs.bank)
+    out.rows += secondary.class_rows(scores, inputs.prefix, reg.hdi_prob, reg.sesoi)
+    return out
+
+
+def delta_by_depth(fitter: Fitter, fit: Fit, inputs: Inputs) -> pd.DataFrame:
+    """Posterior cell means at each depth (for the Delta-by-depth plot)."""
+    import arviz as az
+
+    from fear_assets.analysis.primary_model import cell_means, posterior_draws
+
+    rows = []
+    for depth in fit.data.levels["depth"]:
+        mu = cell_means(fit.data, posterior_draws(fit.idata, "beta"), posterior_draws(fit.idata, "intercept"), [depth])
+        for (agent, content), draws in mu.items():
+            low, high = az.hdi(draws, hdi_prob=inputs.registered.hdi_prob)
+            rows.append({"agent": agent, "content": content, "depth": depth,
+                         "depth_tokens": inputs.depth_tokens.get(depth, 0), "mean": float(draws.mean()),
+                         "low": float(low), "high": float(high)})
+    return pd.DataFrame(rows)
+
+
+def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Result, add) -> None:
+    """Gate (c): standardised H2 of the tested model minus the judge's, in one joint model;
+    labelled with ROPE 0.15/sigma and meaningful size 0.30/sigma (sigma from the pilot)."""
+    from fear_assets.analysis import gate_c as gc
+
+    reg = inputs.registered
+    tested_sigma = inputs.pilot_sigma
+    data = pd.concat([primary.assign(reader="tested"), judge.assign(reader="judge")], ignore_index=True)
+    levels = levels_of(data, inputs.fears)
+    # Each reader's own pilot residual SD standardises its Delta (4.8, 6.2).
+    if inputs.pilot_sigma_judge is None or not np.isfinite(inputs.pilot_sigma_judge):
+        out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_available",
+                                 "the judge's pilot residual SD is not in the registration record (score pilot_judge)"))
+        return
+    sigmas = {"tested": tested_sigma, "judge": float(inputs.pilot_sigma_judge)}
+    d = gc.prepare_gate_c(data.assign(delta=data["outcome"]), levels, sigmas)
+    from fear_assets.analysis.primary_model import sample
+
+    idata = sample(gc.build_gate_c_model(d, inputs.gate_c_priors), reg.draws, reg.tune, reg.chains,
+                   inputs.seed("gate_c"))
+    draws = gc.gate_c_contrast(idata, d, list(inputs.band))
+    rope, meaningful = gc.gate_c_bounds(tested_sigma, reg.sesoi, reg.meaningful)
+    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
+    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data), {"divergences": divergences})
+    row = add("gate_c_judge_H2_difference", "gate", draws, fit, scale="standardised", rope=rope,
+              note=f"ROPE +-{rope:.3f} and meaningful size {meaningful:.3f} on the standardised scale "
+                   f"(0.15/sigma, 0.30/sigma; pilot sigma {tested_sigma:.4f})")
+    row["practically_meaningful"] = bool(row["hdi_low"] > meaningful)
+
+
+def h5(inputs: Inputs, block, out: Result) -> None:
+    """H5: d'(self, T) - d'(self, H) at the registered H5 depth; content-removed trials
+    inform only the criterion."""
+    from fear_assets.analysis.h5_model import build_h5_model, h5_contrast, prepare_h5
+    from fear_assets.analysis.primary_model import sample
+
+    reg = inputs.registered
+    fc = block("primary")
+    fc = fc[(fc["depth"] == inputs.h5_depth) & fc["fc_choice"].astype(int).isin([1, 2])]
+    removed = block("content_removed")
+    removed = removed[(removed["depth"] == inputs.h5_depth) & removed["fc_choice"].astype(int).isin([1, 2])]
+    if fc.empty:
+        out.rows.append(_missing("H5", "confirmatory", "not_scored", f"no forced choices at the H5 depth {inputs.h5_depth}"))
+        return
+    rows = pd.concat([fc.assign(shown_option=fc["content_option"].astype(int)),
+                      removed.assign(shown_option=0)], ignore_index=True)
+    rows = rows.assign(chose_option1=rows["fc_choice"].astype(int) == 1,
+                       option1_first=rows["fc_first_listed"].astype(int) == 1, frame=rows["item_id"])
+    cells = [(a, c) for a in AGENTS for c in ("threat", "harmless")]
+    d = prepare_h5(rows, cells)
+    if inputs.h5_priors is None:
+        raise ValueError("H5 needs its registered priors (H5Priors.from_settings)")
+    idata = sample(build_h5_model(d, inputs.h5_priors), reg.draws, reg.tune, reg.chains, inputs.seed("h5"))
+    draws = h5_contrast(idata, cells)
+    from fear_assets.analysis.fits import contrast_diagnostics
+    import arviz as az
+
+    low, high = (float(v) for v in az.hdi(draws, hdi_prob=reg.hdi_prob))
+    decision = label(low, high, reg.sesoi)
+    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
+    row = {"contrast": "H5", "kind": "confirmatory", "status": "estimated", "scale": "d'", "mean": float(draws.mean()),
+           "hdi_low": low, "hdi_high": high, "label": decision.label,
+           "practically_meaningful": decision.practically_meaningful, **contrast_diagnostics(draws, reg.chains),
+           "divergences": divergences, "trials": len(rows),
+           "note": f"forced choices at {inputs.h5_depth} ({len(removed)} content-removed trials inform the criterion only)"}
+    row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
+    out.rows.append(row)
+    out.draws["H5"] = draws
+    inputs.log(f"H5: mean {row['mean']:.3f}, HDI [{low:.3f}, {high:.3f}] -> {decision.label}")
+
+
+def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add) -> None:
+    """Positive-control contrasts (D4) with their pass rule. On pilot frames the pilot's
+    own control fits are reused (the same data; Appendix C runs them once)."""
+    reg = inputs.registered
+    if inputs.prefix == "pilot_" and inputs.pilot_controls is not None:
+        for r in inputs.pilot_controls.itertuples():
+            scored = not str(r.reason).startswith("not scored")
+            row = _missing(f"control_{r.control}", "control", "estimated" if scored else "not_scored",
+                           f"the pilot's control fit ({r.reason})")
+            row.update({"mean": r.mean, "hdi_low": r.hdi_low, "hdi_high": r.hdi_high,
+                        "label": "passes" if r.passed else "fails", "control_passed": bool(r.passed)})
+            out.rows.append(row)
+        return
+    for name, suffix in CONTROLS.items():
+        data = table(suffix)
+        if data.empty:
+            row = _missing(f"control_{name}", "control", "not_scored", f"block {inputs.prefix}{suffix} not scored")
+            row["control_passed"] = False
+            out.rows.append(row)
+            continue
+        agents = ("addressee", "other_person") if name == "addressee_name" else AGENTS
+        band_primary = pfit
+        fit = fit_cells(fitter, data, inputs.fears, inputs.band, inputs.seed(name), suffix, agents)
+        draws = CONTRASTS[name](fit.mu, band_primary.mu)
+        verdict = control_verdict(name, draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
+        row = add(f"control_{name}", "control", draws, fit, note=verdict.reason)
+        row["control_passed"] = verdict.passed

@@ -1,0 +1,90 @@
+"""Fitting the registered model to one block and reading band-averaged contrasts from it.
+
+A :class:`Fit` holds the prepared data, the posterior, the band-averaged cell means and the
+diagnostics; :func:`contrast_summary` turns any contrast's draws into the reported row
+(mean, 99% HDI, label, and the contrast's own R-hat and bulk/tail ESS, which the
+convergence check reads: 6.1 asks them of every reported contrast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.analysis.data import AGENTS, levels_of, prepared
+from fear_assets.analysis.primary_model import Fitter, PrimaryData, cell_means, convergence, posterior_draws
+from fear_assets.reading.decision import label
+
+
+@dataclass
+class Fit:
+    name: str
+    data: PrimaryData
+    idata: object
+    mu: dict
+    band: list[str]
+    rows: int
+    diagnostics: dict
+
+    @property
+    def chains(self) -> int:
+        return int(self.idata.posterior.sizes["chain"])
+
+    @property
+    def sigma(self) -> float:
+        return float(posterior_draws(self.idata, "sigma").mean())
+
+
+def fit_cells(fitter: Fitter, table: pd.DataFrame, fears: Sequence[str], band: Sequence[str], seed: int,
+              name: str, agents: Sequence[str] = AGENTS) -> Fit:
+    """The registered model on ``table`` (a model table, see ``data.model_table``); cell
+    means averaged over the ``band`` depths present."""
+    if table.empty:
+        raise ValueError(f"{name}: no rows to fit; score the block first")
+    levels = levels_of(table, fears, agents)
+    d = prepared(table, levels)
+    idata = fitter.fit(d, seed)
+    present = [b for b in band if b in levels["depth"]]
+    if not present:
+        raise ValueError(f"{name}: none of the band depths {list(band)} is in the data ({levels['depth']})")
+    mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), present)
+    return Fit(name, d, idata, mu, present, len(table), convergence(idata))
+
+
+def contrast_diagnostics(draws: np.ndarray, chains: int) -> dict:
+    """R-hat and bulk/tail ESS of one contrast's draws (flattened chain-major)."""
+    import arviz as az
+
+    x = np.asarray(draws).reshape(chains, -1)
+    return {"rhat": float(az.rhat(x)), "ess_bulk": float(az.ess(x, method="bulk")),
+            "ess_tail": float(az.ess(x, method="tail"))}
+
+
+def contrast_summary(name: str, draws: np.ndarray, chains: int, hdi_prob: float, sesoi: float,
+                     rope: float | None = None, divergences: int = 0, **extra) -> dict:
+    """One reported contrast: mean, HDI, the decision label (with ``rope`` as the SESOI when
+    the contrast has its own scale, gate (c)), and its diagnostics."""
+    import arviz as az
+
+    low, high = (float(v) for v in az.hdi(np.asarray(draws), hdi_prob=hdi_prob))
+    decision = label(low, high, rope if rope is not None else sesoi)
+    return {"contrast": name, "mean": float(np.mean(draws)), "hdi_low": low, "hdi_high": high,
+            "label": decision.label, "practically_meaningful": decision.practically_meaningful,
+            **contrast_diagnostics(draws, chains), "divergences": int(divergences), **extra}
+
+
+def convergence_problems(row: Mapping, rule: Mapping) -> list[str]:
+    """What fails the registered convergence rule for one reported contrast."""
+    out = []
+    if not row["rhat"] <= rule["rhat_max"]:
+        out.append(f"R-hat {row['rhat']:.3f} > {rule['rhat_max']}")
+    if not row["ess_bulk"] >= rule["ess_bulk_min"]:
+        out.append(f"bulk ESS {row['ess_bulk']:.0f} < {rule['ess_bulk_min']}")
+    if not row["ess_tail"] >= rule["ess_tail_min"]:
+        out.append(f"tail ESS {row['ess_tail']:.0f} < {rule['ess_tail_min']}")
+    if row["divergences"] > rule["divergences_max"]:
+        out.append(f"{row['divergences']} divergences")
+    return out

@@ -1,0 +1,52 @@
+"""Choice questions without a document (protocol 4.2 binding check, 4.3 zero preference,
+4.5 blinded scorer): the log-probability of each answer token right after a question.
+
+Questions that share a chat prefix (the system prompt of one rotation) are scored from one
+prefill: each question's body plus one answer token is a continuation of that prefix, and
+the answer token's log-probability is the continuation's last token. One batched pass
+scores every (question, answer) pair, so hundreds of questions cost a few forwards.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fear_assets.lm.engine import TeacherForcedEngine
+
+
+def answer_token_ids(tokenizer, answers: Sequence[str]) -> list[int]:
+    """The first token of each answer as the model would write it to open its reply."""
+    ids = []
+    for answer in answers:
+        encoded = tokenizer.encode(answer, add_special_tokens=False)
+        if not encoded:
+            raise ValueError(f"the answer {answer!r} encodes to no token; register a non-empty answer")
+        ids.append(encoded[0])
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"answers {list(answers)} share their first token; register answers that differ at once")
+    return ids
+
+
+def choice_logprobs(engine: TeacherForcedEngine, tokenizer, prefix: str, bodies: Sequence[str],
+                    answers: Sequence[str], batch_size: int = 32) -> list[list[float]]:
+    """Per body, the log-probability of each answer's first token after ``prefix + body``.
+
+    ``body`` is everything after the shared ``prefix`` up to where the reply starts (the
+    question and the chat template's assistant header). The prefix is prefilled once; the
+    bodies run in batches from copies of its cache, reading only each body's last position."""
+    import copy
+
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    answer_ids = answer_token_ids(tokenizer, answers)
+    rows = []
+    for body in bodies:
+        ids = tokenizer.encode(prefix + body, add_special_tokens=False)
+        if ids[: len(prefix_ids)] != prefix_ids or len(ids) == len(prefix_ids):
+            raise ValueError("the question merged with the shared chat prefix; check the chat template")
+        rows.append(ids[len(prefix_ids):])
+    cache, _, _ = engine.prefill(prefix_ids)
+    out: list[list[float]] = []
+    for i in range(0, len(rows), batch_size):
+        lp = engine.next_token_logprobs(copy.deepcopy(cache), rows[i: i + batch_size])
+        out += lp[:, answer_ids].tolist()
+    return out

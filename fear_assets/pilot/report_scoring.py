@@ -1,0 +1,211 @@
+"""Scoring of the generated report (protocol 4.5).
+
+The greedy answer is scored, separately for the agent item and the neutral partner, by the
+frozen keyword rule (:mod:`fear_assets.pilot.report_rule`) and independently by a blinded
+scorer model from another family. The scorer is blinded: its prompt holds only the answer
+and the item's text, never the cell, agent or condition. Where the two disagree, a third
+pass applies the keyword rule to word stems (Snowball), so "deleting" matches "deleted".
+Refusals are a separate category and carry no mention outcome. The two scorers must agree
+with Cohen's kappa of at least the registered minimum (0.80); otherwise the keyword rule is
+revised on pilot data before registration.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from nltk.stem.snowball import SnowballStemmer
+from sklearn.metrics import cohen_kappa_score
+
+from fear_assets.errors import FearAssetsError
+
+SIDES = ("agent", "partner")
+CATEGORIES = ("mention", "no_mention", "refusal")
+INPUT_COLUMNS = ("trial_id", "side", "generated_text", "keywords", "rule", "scorer")
+SCORER_SLOTS = ("answer", "item")
+_WORD = re.compile(r"[a-z0-9]+")
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
+# Kappa is compared with the same slack as the other gates: 0.8 can come back as 0.7999999999999999.
+_FLOAT_SLACK = 1e-9
+
+
+def scorer_prompt(template: str, answer: str, item_text: str) -> str:
+    """The blinded scorer's prompt: the registered template (``prompts.scorer``) with its
+    ``{answer}`` and ``{item}`` slots filled. Nothing else can enter it, so the scorer never
+    sees the cell or condition."""
+    try:
+        slots = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise FearAssetsError(f"prompts.scorer has unbalanced braces ({exc}); write the slots as "
+                              "{answer} and {item}") from exc
+    if sorted(slots) != sorted(SCORER_SLOTS):
+        raise FearAssetsError(f"prompts.scorer has the slots {slots}; it must contain {{answer}} and {{item}} "
+                              "exactly once each and no other slot, so the scorer sees only those")
+    for name, value in (("answer", answer), ("item_text", item_text)):
+        if not isinstance(value, str):
+            raise FearAssetsError(f"{name} must be text, got {type(value).__name__}; "
+                                  "score a missing answer as no mention without asking the scorer")
+    return template.format(answer=answer.strip(), item=item_text.strip())
+
+
+def scorer_says_yes(logprob_yes: float, logprob_no: float) -> bool:
+    """The scorer's verdict from its log-probabilities of "Yes" and "No": Yes only when it is
+    strictly more likely (a tie is not a claimed mention)."""
+    for name, value in (("logprob_yes", logprob_yes), ("logprob_no", logprob_no)):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
+            raise FearAssetsError(f"{name} must be a finite log-probability, got {value!r}; "
+                                  "pass the scorer's log-probability of that answer word")
+    return bool(logprob_yes > logprob_no)
+
+
+@lru_cache(maxsize=8)
+def _refusal_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    parts = []
+    for p in patterns:
+        words = p.translate(_APOSTROPHES).split()
+        if not words:
+            raise FearAssetsError(f"refusal pattern {p!r} is empty; remove it from the registered refusal phrases")
+        parts.append(r"\s+".join(re.escape(w) for w in words))
+    return re.compile(r"(?<!\w)(?:" + "|".join(parts) + r")(?!\w)", re.IGNORECASE)
+
+
+def is_refusal(text: str | None, patterns: Sequence[str]) -> bool:
+    """Whether the answer contains one of the registered refusal phrases as a whole phrase,
+    ignoring case, spacing and curly apostrophes. A missing or empty answer is not a
+    refusal: it is no answer, and mentions nothing."""
+    if not patterns:
+        raise FearAssetsError("no refusal phrases given; pass the registered refusal phrases "
+                              "(e.g. \"I can't\", \"I cannot\", \"I'm sorry\", \"as an AI\")")
+    if not text or not text.strip():
+        return False
+    return _refusal_regex(tuple(patterns)).search(text.translate(_APOSTROPHES)) is not None
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> SnowballStemmer:
+    return SnowballStemmer("english")
+
+
+def _stems(text: str) -> list[str]:
+    stem = _stemmer().stem
+    return [stem(w) for w in _WORD.findall(text.translate(_APOSTROPHES).lower())]
+
+
+def stem_mentions(text: str | None, keywords: Sequence[str]) -> bool:
+    """The keyword rule on word stems: a keyword phrase matches when its stemmed words occur
+    contiguously among the answer's stemmed words (so "deleting" matches "deleted")."""
+    if not text:
+        return False
+    answer = _stems(text)
+    for keyword in keywords:
+        phrase = _stems(keyword or "")
+        if phrase and any(answer[i:i + len(phrase)] == phrase for i in range(len(answer) - len(phrase) + 1)):
+            return True
+    return False
+
+
+def resolve(rule: bool, scorer: bool, stem: bool) -> bool:
+    """Final mention outcome: where the keyword rule and the scorer agree, their answer
+    stands; where they disagree, the stem pass decides."""
+    return bool(rule) if bool(rule) == bool(scorer) else bool(stem)
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def score_reports(rows: pd.DataFrame, refusal_patterns: Sequence[str]) -> pd.DataFrame:
+    """Final scoring, one row per (trial, side). Adds ``refusal``; ``stem`` (the stem pass,
+    computed only where rule and scorer disagree on a non-refusal, else NA); ``final`` (the
+    resolved mention, NA for refusals); and ``category`` (mention, no_mention or refusal).
+    ``rule`` and ``scorer`` may be missing on refusals only."""
+    missing = [c for c in INPUT_COLUMNS if c not in rows.columns]
+    if missing:
+        raise FearAssetsError(f"report rows lack the column(s) {missing}; give one row per trial and "
+                              f"side with {list(INPUT_COLUMNS)}")
+    bad_side = sorted(set(rows["side"]) - set(SIDES), key=str)
+    if bad_side:
+        raise FearAssetsError(f"column 'side' has {bad_side}; use 'agent' or 'partner'")
+    dupes = rows[rows.duplicated(["trial_id", "side"], keep=False)]
+    if len(dupes):
+        raise FearAssetsError(f"trial(s) {sorted(set(dupes['trial_id']), key=str)[:5]} have more than one row "
+                              "for a side; give one row per (trial_id, side)")
+    out = rows.copy()
+    refusal, stem, final, category = [], [], [], []
+    for r in out.itertuples(index=False):
+        text = r.generated_text if isinstance(r.generated_text, str) else None
+        refused = is_refusal(text, refusal_patterns)
+        refusal.append(refused)
+        if refused:
+            stem.append(pd.NA)
+            final.append(pd.NA)
+            category.append("refusal")
+            continue
+        for name in ("rule", "scorer"):
+            if not _is_bool(getattr(r, name)):
+                raise FearAssetsError(f"column {name!r} of trial {r.trial_id} ({r.side}) is {getattr(r, name)!r}; "
+                                      "score every non-refusal answer True/False with both scorers")
+        if bool(r.rule) == bool(r.scorer):
+            stem.append(pd.NA)
+            mention = bool(r.rule)
+        else:
+            if not isinstance(r.keywords, (list, tuple)) or not all(isinstance(k, str) for k in r.keywords):
+                raise FearAssetsError(f"column 'keywords' of trial {r.trial_id} ({r.side}) is {r.keywords!r}; "
+                                      "give the item's keyword phrases as a list of strings")
+            s = stem_mentions(text, list(r.keywords))
+            stem.append(s)
+            mention = resolve(r.rule, r.scorer, s)
+        final.append(mention)
+        category.append("mention" if mention else "no_mention")
+    out["refusal"] = pd.Series(refusal, index=out.index, dtype=bool)
+    out["stem"] = pd.Series(stem, index=out.index, dtype="boolean")
+    out["final"] = pd.Series(final, index=out.index, dtype="boolean")
+    out["category"] = pd.Series(category, index=out.index, dtype=object)
+    return out
+
+
+def agreement(rule: Sequence[bool], scorer: Sequence[bool]) -> tuple[float | None, str]:
+    """Cohen's kappa between the keyword rule and the blinded scorer over the non-refusal
+    answers (pass those rows only). Kappa is undefined when there are no answers or when
+    both scorers give the same one answer throughout (chance agreement is then 1); that
+    returns None with the reason rather than NaN."""
+    r, s = list(rule), list(scorer)
+    if len(r) != len(s):
+        raise FearAssetsError(f"rule has {len(r)} outcomes and scorer {len(s)}; pass the same answers to both")
+    bad = [v for v in (*r, *s) if not _is_bool(v)]
+    if bad:
+        raise FearAssetsError(f"outcomes must be True/False, got {bad[:3]!r}; leave refusals out of the agreement")
+    if not r:
+        return None, "kappa undefined: no non-refusal answers were scored by both scorers"
+    r, s = [bool(v) for v in r], [bool(v) for v in s]
+    observed = sum(a == b for a, b in zip(r, s)) / len(r)
+    if len(set(r)) == 1 and set(r) == set(s):
+        said = "a mention" if r[0] else "no mention"
+        return None, (f"kappa undefined: both scorers said {said} for all {len(r)} non-refusal answers, "
+                      "so chance agreement is 1; the pilot answers do not show whether the scorers agree")
+    kappa = float(cohen_kappa_score(r, s, labels=[False, True]))
+    if not math.isfinite(kappa):
+        return None, f"kappa undefined over {len(r)} non-refusal answers (observed agreement {observed:.3f})"
+    return kappa, (f"Cohen's kappa = {kappa:.3f} over {len(r)} non-refusal answers "
+                   f"(observed agreement {observed:.3f})")
+
+
+def kappa_verdict(kappa: float | None, minimum: float, detail: str = "") -> tuple[bool, str]:
+    """Passed iff kappa >= ``minimum`` (the registered report_scoring.kappa_min). An undefined
+    kappa fails, because agreement has not been shown. ``detail`` (agreement's explanation)
+    is appended to the message."""
+    tail = f" ({detail})" if detail else ""
+    fix = ("Fix (4.5): revise the keyword rule on pilot data and rescore before registration")
+    if kappa is None or not math.isfinite(kappa):
+        return False, (f"scorer agreement (4.5): kappa is undefined, so agreement of at least {minimum:.2f} "
+                       f"is not shown{tail}. {fix}, with pilot answers that include both mentions and "
+                       "non-mentions")
+    if kappa >= minimum - _FLOAT_SLACK:
+        return True, f"scorer agreement (4.5): kappa {kappa:.3f} >= {minimum:.2f}{tail}"
+    return False, f"scorer agreement (4.5): kappa {kappa:.3f} < {minimum:.2f}{tail}. {fix}"

@@ -1,0 +1,122 @@
+"""Zero-preference check of the forced-choice questions (protocol 4.3).
+
+With no document, the model is asked every forced-choice question, for agent sentences and
+neutral partners alike. For every question the probability of content option 1 must lie
+within the registered bounds (0.4-0.6, inclusive); otherwise the item's question or content
+options are rewritten, and an item that still fails is replaced like a matching failure.
+
+Only the two choice letters are compared (a two-way softmax), so the probability does not
+depend on how much mass the model puts on other tokens. Because the options are listed in
+both orders, the probability is mapped back to content option 1 before the bounds are read:
+a pure letter bias then shows up as one order failing high and the other low.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.errors import FearAssetsError
+
+INPUT_COLUMNS = ("item_id", "fear", "frame_set", "kind", "agent", "content", "rotation", "first_listed",
+                 "logprob_a", "logprob_b")
+KINDS = ("agent", "partner")
+FAILURE_COLUMNS = ["item_id", "fear", "frame_set", "n_questions", "n_failed", "worst_p_option1",
+                   "failed_kinds"]
+# A two-way softmax of exactly 0.4 comes back as 0.39999999999999997; bounds are read with
+# this slack, which is far below any probability the protocol distinguishes.
+_FLOAT_SLACK = 1e-9
+
+
+def option_probability(logprob_a: float, logprob_b: float) -> float:
+    """Probability of the first-listed option (letter A) from the two letters' log-probabilities:
+    exp(a) / (exp(a) + exp(b)), computed stably as the logistic of a - b."""
+    for name, value in (("logprob_a", logprob_a), ("logprob_b", logprob_b)):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
+            raise FearAssetsError(f"{name} must be a finite log-probability, got {value!r}; "
+                                  "pass the model's log-probability of the choice letter")
+    diff = float(logprob_a) - float(logprob_b)
+    if diff >= 0:
+        return 1.0 / (1.0 + math.exp(-diff))
+    e = math.exp(diff)
+    return e / (1.0 + e)
+
+
+def within(p: pd.Series | float, low: float, high: float) -> pd.Series | bool:
+    """Inclusive bounds low <= p <= high (with float slack, so exactly 0.4 and 0.6 pass)."""
+    if not low <= high:
+        raise FearAssetsError(f"zero_preference bounds out of order: low {low} > high {high}; "
+                              "pass the registered zero_preference.low and zero_preference.high")
+    return (p >= low - _FLOAT_SLACK) & (p <= high + _FLOAT_SLACK)
+
+
+def _check_rows(rows: pd.DataFrame) -> None:
+    missing = [c for c in INPUT_COLUMNS if c not in rows.columns]
+    if missing:
+        raise FearAssetsError(f"zero-preference rows lack the column(s) {missing}; "
+                              f"give one row per forced-choice question with {list(INPUT_COLUMNS)}")
+    bad_kind = sorted(set(rows["kind"]) - set(KINDS))
+    if bad_kind:
+        raise FearAssetsError(f"column 'kind' has {bad_kind}; use 'agent' for agent sentences "
+                              "and 'partner' for neutral partners")
+    bad_first = rows[~rows["first_listed"].isin([1, 2])]
+    if len(bad_first):
+        raise FearAssetsError(f"column 'first_listed' must be 1 or 2 (the content option listed as A), "
+                              f"got {sorted(set(bad_first['first_listed']), key=str)} for item(s) "
+                              f"{sorted(set(bad_first['item_id']))}")
+
+
+def zero_preference_table(rows: pd.DataFrame, low: float, high: float) -> pd.DataFrame:
+    """One row per forced-choice question, adding p_first (probability of the option listed
+    first), p_option1 (probability of content option 1, whatever the listing order) and
+    passes (low <= p_option1 <= high, inclusive)."""
+    _check_rows(rows)
+    out = rows.copy()
+    out["p_first"] = [option_probability(a, b) for a, b in zip(out["logprob_a"], out["logprob_b"])]
+    out["p_option1"] = np.where(out["first_listed"] == 1, out["p_first"], 1.0 - out["p_first"])
+    out["passes"] = within(out["p_option1"], low, high).astype(bool)
+    return out
+
+
+def zero_preference_failures(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per item with at least one failing question: how many of its questions were
+    asked and failed, the failing p_option1 farthest from 0.5, and which kinds failed
+    (agent question, partner question or both), so the writer knows what to rewrite."""
+    if "passes" not in table.columns or "p_option1" not in table.columns:
+        raise FearAssetsError("the table lacks 'passes'/'p_option1'; build it with zero_preference_table")
+    rows = []
+    for (item_id, fear, frame_set), part in table.groupby(["item_id", "fear", "frame_set"], sort=True):
+        failed = part[~part["passes"].astype(bool)]
+        if failed.empty:
+            continue
+        worst = failed.loc[(failed["p_option1"] - 0.5).abs().idxmax(), "p_option1"]
+        rows.append({"item_id": item_id, "fear": fear, "frame_set": frame_set, "n_questions": len(part),
+                     "n_failed": len(failed), "worst_p_option1": float(worst),
+                     "failed_kinds": ", ".join(k for k in KINDS if k in set(failed["kind"]))})
+    return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
+
+
+def zero_preference_verdict(table: pd.DataFrame, low: float, high: float) -> tuple[bool, str]:
+    """Passed when every question's p_option1 lies within [low, high]; the message lists the
+    failing items and what to do with them. The bounds are re-applied here, so the verdict
+    always matches its arguments."""
+    if "p_option1" not in table.columns:
+        raise FearAssetsError("the table lacks 'p_option1'; build it with zero_preference_table")
+    if table.empty:
+        return False, ("zero preference (4.3): no forced-choice questions were scored; ask every "
+                       "agent and partner question with no document before reading the check")
+    checked = table.assign(passes=within(table["p_option1"], low, high).astype(bool))
+    bounds = f"[{low:.2f}, {high:.2f}]"
+    failures = zero_preference_failures(checked)
+    if failures.empty:
+        return True, (f"zero preference (4.3): all {len(checked)} forced-choice questions of "
+                      f"{checked['item_id'].nunique()} items have option probabilities within {bounds}")
+    listed = "; ".join(f"{r.item_id} ({r.failed_kinds}: {r.n_failed}/{r.n_questions} questions, "
+                       f"worst p = {r.worst_p_option1:.3f})" for r in failures.itertuples())
+    return False, (f"zero preference (4.3): {int((~checked['passes']).sum())} of {len(checked)} questions "
+                   f"outside {bounds} in {len(failures)} item(s): {listed}. Fix: rewrite the forced-choice "
+                   "question or content options of the listed items (the agent question for 'agent' "
+                   "failures, the partner question for 'partner' failures) and rerun the check; an item "
+                   "that still fails is replaced from the reserve pool like a matching failure")

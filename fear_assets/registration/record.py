@@ -1,0 +1,118 @@
+"""The Stage 1 registration record of one configuration (Appendix C step 4, D6).
+
+A JSON document (and its Markdown rendering) under ``data/registration/<family>/`` holding
+the frozen hashes (bank, protocol settings, model manifest, analysis code), the selected
+names and frames, the depth band and H5 depth, the pilot's residual SD for gate (c), and
+every gate's outcome with its numbers. Once a record exists, every later run is compared
+with its frozen part (:func:`frozen_differences`); any difference fails the freeze check.
+
+In pilot mode the record is a draft that each pilot run rewrites; in confirmatory mode it
+is registered and never overwritten with different frozen values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from fear_assets.errors import FreezeError
+from fear_assets.hashing import sha256_obj
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+#: Code whose hash is registered: the science of the analysis and the reading.
+ANALYSIS_CODE = ("analysis", "reading")
+#: Fields that are frozen at registration and compared on every later run.
+FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
+                 "selected_frames", "depth_band", "h5_depth")
+
+
+def analysis_code_sha256(root: Path = PACKAGE_ROOT, packages: Iterable[str] = ANALYSIS_CODE) -> str:
+    """sha256 over the analysis and reading modules' source, path by path (sorted)."""
+    files = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
+    return sha256_obj({str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in files})
+
+
+def record_dir(registration_dir: str | Path, family: str) -> Path:
+    return Path(registration_dir) / family
+
+
+def read_family_record(registration_dir: str | Path, family: str) -> dict | None:
+    path = record_dir(registration_dir, family) / "registration_record.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def frozen_differences(record: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Each frozen field whose current value differs from the record's (only fields the
+    caller knows at that point are compared)."""
+    out = []
+    for key in FROZEN_FIELDS:
+        if key in current and key in record and record[key] != current[key]:
+            out.append(f"{key}: registered {_short(record[key])}, now {_short(current[key])}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text[:16] + "..." if isinstance(value, str) and len(value) == 64 else text
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, path)
+
+
+def write_family_record(registration_dir: str | Path, record: Mapping[str, Any], confirmatory: bool) -> Path:
+    """Write the JSON and Markdown record atomically. A registered (confirmatory) record is
+    never overwritten with different frozen values: that is a new registration."""
+    directory = record_dir(registration_dir, record["family"])
+    existing = read_family_record(registration_dir, record["family"])
+    if confirmatory and existing is not None and existing.get("status") == "registered":
+        diffs = frozen_differences(existing, record)
+        if diffs:
+            raise FreezeError(f"{directory}/registration_record.json is registered and differs: {'; '.join(diffs)}. "
+                              "A registered record is never overwritten; restore the registered inputs or file "
+                              "an amendment (move the old record aside) before writing a new one.")
+    _atomic_write(directory / "registration_record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    _atomic_write(directory / "registration_record.md", markdown(record))
+    return directory / "registration_record.json"
+
+
+def markdown(record: Mapping[str, Any]) -> str:
+    """The record for a reader: frozen inputs, selections, then one line per gate."""
+    lines = [f"# Registration record: {record['protocol']} ({record['protocol_version']}), family `{record['family']}`",
+             "", f"Status: **{record['status']}** (mode `{record['mode']}`)."]
+    if record.get("stand_in"):
+        lines += ["", f"Note: {record['stand_in']}"]
+    if record.get("reduced_design"):
+        lines += ["", f"Reduced design: {record['reduced_design']}"]
+    lines += ["", "## Frozen inputs", "", "| input | sha256 |", "|---|---|"]
+    for key in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256"):
+        lines.append(f"| {key.removesuffix('_sha256')} | `{record[key]}` |")
+    lines += ["", "## Selections", "",
+              f"- Names (self, peer, person, addressee, other person): {', '.join(record['selected_names'])}",
+              f"- Depth band (H1-H4): {', '.join('d' + str(d) for d in record['depth_band'])} ({record['band_rule']})",
+              f"- H5 depth: d{record['h5_depth']} ({record['h5_rule']})",
+              f"- Pilot residual SD (gate (c) scale): {record['pilot_sigma']}",
+              f"- Confirmatory frames ({len(record['selected_frames'])}): {', '.join(record['selected_frames'])}"]
+    if record.get("replacements"):
+        lines.append(f"- Replacements: {', '.join(f'{k} -> {v}' for k, v in record['replacements'].items())}")
+    lines += ["", "## Gates", "", "| gate | passed | numbers | what it means / what to do |", "|---|---|---|---|"]
+    for name, gate in record["gates"].items():
+        numbers = ", ".join(f"{k} {v}" for k, v in gate.get("numbers", {}).items())
+        lines.append(f"| {name} | {'yes' if gate['passed'] else '**no**'} | {numbers} | "
+                     f"{gate['message'].replace('|', '/')} |")
+    failed = [n for n, g in record["gates"].items() if not g["passed"]]
+    lines += ["", f"Failed gates: {', '.join(failed) if failed else 'none'}."]
+    return "\n".join(lines) + "\n"
+
+
+def registered_replacements(registration_dir: str | Path, family: str) -> dict[str, str]:
+    """Frame replacements of a registered record (frame -> rewrite or reserve); a pilot's
+    draft record changes the design of nothing."""
+    record = read_family_record(registration_dir, family)
+    return dict(record.get("replacements", {})) if record and record.get("status") == "registered" else {}
