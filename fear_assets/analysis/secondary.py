@@ -37,8 +37,9 @@ def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence
     data = primary.assign(delta=primary["outcome"])
     try:
         freq = mixed_model_contrasts(data, levels, [b for b in band if b in levels["depth"]], level)
-    except (np.linalg.LinAlgError, ValueError) as exc:  # a singular design at pilot size is reported, not hidden
-        return [_row("frequentist_mixed_model", "failed", f"the mixed model could not be fitted: {exc}")]
+    except Exception as exc:  # noqa: BLE001 - e.g. one pilot frame: reported as a row, never hidden
+        return [_row("frequentist_mixed_model", "failed",
+                     f"the mixed model could not be fitted ({type(exc).__name__}: {exc})", kind="sensitivity")]
     labelled = freq.merge(label_disagreements(bayes_labels, freq, sesoi), on="hypothesis")
     out = []
     for r in labelled.to_dict("records"):
@@ -55,8 +56,11 @@ def mediation_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence[s
     levels = levels_of(primary, fears)
     data = primary.assign(delta=primary["outcome"])
     present = [b for b in band if b in levels["depth"]]
-    med = attention_mediation(data, levels, present, level)
-    cov = h2_with_without_covariates(data, levels, present, level)
+    try:
+        med = attention_mediation(data, levels, present, level)
+        cov = h2_with_without_covariates(data, levels, present, level)
+    except Exception as exc:  # noqa: BLE001 - e.g. one cluster at pilot size: reported as a row, never hidden
+        return [_row("H2_mediation_attention", "failed", f"not estimable here ({type(exc).__name__}: {exc})")]
     return [
         _row("H2_mediation_attention", "descriptive",
              f"OLS with frame-clustered SEs; total {med['total']['estimate']:.3f}, direct "

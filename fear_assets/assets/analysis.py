@@ -242,12 +242,15 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, sc
     forest = forest_plot(forest_rows.set_index("contrast")[["mean", "hdi_low", "hdi_high", "label"]].reset_index(),
                          rope, settings.decision["hdi_prob"], f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)")
     depth_png = delta_by_depth_plot(result.by_depth)
+    (directory / "forest.png").write_bytes(forest)
+    (directory / "delta_by_depth.png").write_bytes(depth_png)
     shown = table[["contrast", "kind", "status", "mean", "hdi_low", "hdi_high", "label", "rhat", "ess_bulk",
                    "convergence_problems"]]
     return dg.Output(table, metadata={
         "estimands": dg.MetadataValue.md(shown.round(3).to_markdown(index=False)),
         "forest plot": dg.MetadataValue.md(markdown_image(forest, "forest plot of H1-H5 and the gates")),
         "Delta by depth": dg.MetadataValue.md(markdown_image(depth_png, "Delta by depth for the six cells")),
+        "plots (PNG files)": dg.MetadataValue.path(str(directory)),
         "frame set": "pilot (descriptive)" if prefix else "confirmatory",
         "flags": "; ".join(flags) or "none", "model compilations": fitter.compilations,
         "draws": f"{draws_path} (sha256 {sha256_file(draws_path)[:12]})",
@@ -281,7 +284,8 @@ def reading_inputs(posteriors: pd.DataFrame, record: dict) -> dict:
         return str(by.loc[name, "label"])
 
     controls = posteriors[posteriors["kind"] == "control"]
-    controls_failed = bool(len(controls) == 0 or not controls.get("control_passed", pd.Series(dtype=bool)).fillna(False).astype(bool).all())
+    passed = controls["control_passed"] if "control_passed" in controls else pd.Series(False, index=controls.index)
+    controls_failed = bool(len(controls) == 0 or not all(v is True or v == 1 for v in passed.tolist()))
     binding_failed = not record["gates"]["binding (4.2)"]["passed"] if "binding (4.2)" in record["gates"] else True
     in_context = record["gates"].get("binding (4.2)", {}).get("numbers", {}).get("in-context", "")
     return {"h2": lab("H2"), "h5": lab("H5", "not_tested"), "gate_a": lab("gate_a_service_relevance_H2"),

@@ -286,7 +286,13 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     if depth not in band or trial_table.empty:
         context.log.info(f"{depth} is not in the depth band {sorted(band)}: the pilot controls are not scored here")
         return
-    table = trial_table[trial_table["block"].isin(_pilot_control_blocks(settings))]
+    from fear_assets.design.table import baseline_block_for
+
+    blocks = _pilot_control_blocks(settings)
+    # A control without its own baseline block (marked priority) is corrected by the default
+    # baseline, which is re-scored here with it: its reports are the control's continuations.
+    blocks |= {b for b in (baseline_block_for(settings, name) for name in blocks) if b}
+    table = trial_table[trial_table["block"].isin(blocks)]
     if table.empty:
         context.log.info(f"{depth}|{family_key}: no pilot control blocks in the trial table")
         return

@@ -227,7 +227,7 @@ def zero_preference_gate(zero_preference: pd.DataFrame) -> dg.AssetCheckResult:
 def _pilot_unmasked(table: pd.DataFrame, key: pd.DataFrame) -> pd.DataFrame:
     """Conditions of pilot-frame rows only: the pilot gates (binding, controls) need them by
     construction, and no confirmatory row is ever unmasked here (D6)."""
-    if not (table["frame_set"] == "pilot").all():
+    if not table["block"].str.startswith("pilot_").all():
         raise ValueError("pilot gates unmask pilot-frame rows only; confirmatory rows wait for the scoring lock")
     codes = key[["condition_code", "condition", "agent", "content", "cell_index"]].drop_duplicates()
     return table.merge(codes, on="condition_code", how="left", validate="many_to_one")
@@ -365,7 +365,8 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
     stand_in = settings.family(family_key).stand_in
     if stand_in:
         message += " (the scorer is the tested model itself, a stand-in: " + stand_in + ")"
-    table = scored.assign(family=family_key, keywords=scored["keywords"].map(json.dumps), kappa=kappa,
+    table = scored.assign(family=family_key, keywords=scored["keywords"].map(json.dumps),
+                          kappa=float("nan") if kappa is None else kappa,
                           gate_passed=passed, message=message, scorer_checkpoint=spec.checkpoint)
     by = table.groupby(["side", "category"]).size().unstack(fill_value=0)
     return dg.Output(table, metadata={
