@@ -24,7 +24,8 @@ its own process (killed, with its process group, at its wall-clock cap) and, unl
 ``--warm-cache``, with an empty PyTensor compile cache of its own (cold compile):
   nutpie  ``nutpie.compile_pymc_model(model)`` then ``nutpie.sample(compiled, draws, tune,
           chains, seed, low_rank_modified_mass_matrix=True)``: the calls of
-          ``primary_model.sample`` (numba backend; nutpie's default cores, one thread a chain).
+          ``primary_model.sample`` (numba backend; nutpie's default cores, one thread a chain;
+          one BLAS thread, see below).
   pymc    ``pm.sample(draws, tune, chains, random_seed=seed)`` with everything else at
           PyMC's defaults (NUTS, jitter+adapt_diag, convergence checks, and cores =
           min(4, logical CPUs // 2): on a 2-CPU machine, 1 core, the chains one after
@@ -57,13 +58,24 @@ labelled one assumes PyMC's ESS is at most N (independent draws).
 The last line printed is ``ess_per_s_ratio_tail=<nutpie/PyMC> ess_per_s_ratio_bulk=<...>
 speedup_compile_plus_sampling=<PyMC/nutpie>``, all on compile + sampling seconds (with
 ``>=`` where a cap made it a bound). Figures go to ``benchmarks/results/fit.json`` (one
-entry per mode, full and quick); ``--markdown`` prints a RESULTS.md section from that file.
+entry per variant: ``full`` or ``quick``, plus ``+nutpie-blas-unlimited`` etc. for the
+options that change the set-up); ``--markdown`` prints a RESULTS.md section from that file.
+
+BLAS threads. Both backends call OpenBLAS (numpy's / scipy's), which by default starts one
+thread per CPU in every call. nutpie runs its chains as threads, so with 2 chains on 2 CPUs
+each chain's BLAS calls also try to use both CPUs and the threads oversubscribe the cores
+(measured: about 7x slower per gradient at registered size on 2 cores). The nutpie arm
+therefore samples with one BLAS thread (``threadpoolctl``, ``user_api="blas"``), as
+``primary_model.sample`` does; ``--nutpie-blas-threads N`` sets another limit and 0 none
+(OpenBLAS's default). PyMC's default runs its chains one after another here, so its BLAS
+threads are left at the default.
 No timing is asserted anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -189,18 +201,24 @@ def run_arm(args) -> int:
     progress = open(work / f"{args.arm}_progress.tsv", "w", buffering=1)
     out = {"arm": args.arm, "imports_s": t_imports, "build_model_s": build_s, "n_fixed": int(d.X.shape[1]),
            "n_units": int(d.n_units), "n_frames": int(d.n_frames), "loadavg_start": os.getloadavg()}
+    import threadpoolctl
+
+    out["blas_threads_default"] = [f"{i['internal_api']} {i['num_threads']}" for i in threadpoolctl.threadpool_info()]
     if args.arm == "nutpie":
         import nutpie
 
-        progress.write(f"{time.time():.3f}\tcompile\n")
-        t = time.perf_counter()
-        compiled = nutpie.compile_pymc_model(model)
-        out["compile_s"] = time.perf_counter() - t
-        progress.write(f"{time.time():.3f}\tsample\n")
-        t = time.perf_counter()
-        idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, seed=seed, progress_bar=False,
-                              low_rank_modified_mass_matrix=True)
-        out["sampling_s"] = time.perf_counter() - t
+        limit = spec.get("nutpie_blas_threads")
+        with (threadpoolctl.threadpool_limits(limits=limit, user_api="blas") if limit
+              else contextlib.nullcontext()):
+            progress.write(f"{time.time():.3f}\tcompile\n")
+            t = time.perf_counter()
+            compiled = nutpie.compile_pymc_model(model)
+            out["compile_s"] = time.perf_counter() - t
+            progress.write(f"{time.time():.3f}\tsample\n")
+            t = time.perf_counter()
+            idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, seed=seed, progress_bar=False,
+                                  low_rank_modified_mass_matrix=True)
+            out["sampling_s"] = time.perf_counter() - t
         out["postprocess_s"] = 0.0  # nutpie.sample's own conversion to InferenceData is in sampling_s
         out["sample_call_s"] = out["compile_s"] + out["sampling_s"]
         out["n_dim"] = int(compiled.n_dim)
@@ -208,7 +226,8 @@ def run_arm(args) -> int:
             getattr(idata, "warmup_sample_stats", None), idata.sample_stats) if g is not None and "n_steps" in g))
         out["settings"] = {"backend": "numba (compile_pymc_model default)", "low_rank_modified_mass_matrix": True,
                            "cores": min(chains, os.cpu_count() or 1), "cores_source": "nutpie default min(chains, CPUs)",
-                           "chains_run": "in parallel (threads)"}
+                           "chains_run": "in parallel (threads)",
+                           "blas_threads": limit or "default (OpenBLAS: one per CPU, in each chain's calls)"}
     else:
         import pymc as pm
 
@@ -420,15 +439,18 @@ def fmt(v, nd=1):
 
 def render_markdown(all_results: dict) -> str:
     out = []
-    for mode in ("full", "quick"):
-        res = all_results.get(mode)
-        if not res:
-            continue
+    for variant, res in all_results.items():
         m, sp, arms = res["machine"], res["spec"], res["arms"]
         cores = "; ".join(f"{k}: {v['settings']['cores']} core(s), chains {v['settings']['chains_run']}"
                           for k, v in arms.items() if "settings" in v)
-        out += [f"### {mode.capitalize()} run", "",
-                f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+        if "settings" not in arms["pymc"] and sp.get("pymc_cores_effective"):
+            n = sp["pymc_cores_effective"]
+            cores += f"; pymc: {n} core(s), chains {'in parallel' if n > 1 else 'one after another'}"
+        out += [f"### {variant.capitalize()} run", "",
+                f"Command: `{res['command']}`  ",
+                *([f"Same set-up with today's options: `{res['command_equivalent_now']}` ({res['note']})  "]
+                  if res.get("command_equivalent_now") else []),
+                f"Date: {res['date']}  ",
                 f"Machine: {m['cpu']} ({m['logical_cpus']} logical CPUs, niceness {m['niceness']}), Python "
                 f"{m['python']}, PyMC {m['pymc']}, PyTensor {m['pytensor']} (BLAS: {m['pytensor_blas_ldflags']}), "
                 f"nutpie {m['nutpie']}, numba {m['numba']}, ArviZ {m['arviz']}  ",
@@ -438,7 +460,8 @@ def render_markdown(all_results: dict) -> str:
                 f"Sampling: {sp['chains']} chains x ({sp['tune']} tune + {sp['draws']} draws), seed {sp['seed']}; "
                 f"{cores}  ",
                 f"Compile cache: {sp['compile_cache']}; caps: nutpie {res['caps']['nutpie']:.0f} s, PyMC "
-                f"{res['caps']['pymc']:.0f} s; "
+                f"{res['caps']['pymc']:.0f} s; BLAS threads in the nutpie arm: "
+                f"{arms['nutpie'].get('settings', {}).get('blas_threads', 'default')}; "
                 f"run wall time {res['wall_seconds']:.0f} s", "",
                 "| arm | compile s | sampling s | compile + sampling s | arm wall s | arm CPU s | gradient evals "
                 "| ms / gradient | H2 bulk ESS | H2 tail ESS | bulk ESS/s (sampling) | tail ESS/s (sampling) "
@@ -501,6 +524,9 @@ def main(argv=None) -> int:
     ap.add_argument("--nutpie-cap", type=float, help="seconds for the nutpie arm (default: full 900, quick 240)")
     ap.add_argument("--pymc-cores", type=int,
                     help="cores for pm.sample (default: PyMC's own default, min(4, logical CPUs // 2))")
+    ap.add_argument("--nutpie-blas-threads", type=int, default=1,
+                    help="BLAS threads in the nutpie arm (threadpoolctl); default 1, as primary_model.sample; "
+                         "0: no limit (OpenBLAS's default, one per CPU)")
     ap.add_argument("--warm-cache", action="store_true",
                     help="use the user's PyTensor compile cache (default: each arm compiles into an empty one)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave results/ alone")
@@ -522,6 +548,9 @@ def main(argv=None) -> int:
     settings = load_settings()
     sampler = settings.section("sampler")
     mode = "quick" if args.quick else "full"
+    blas = args.nutpie_blas_threads
+    variant = mode + ("" if blas == 1 else "+nutpie-blas-unlimited" if blas == 0 else f"+nutpie-blas{blas}") + \
+        (f"+pymc-cores{args.pymc_cores}" if args.pymc_cores else "") + ("+warm-cache" if args.warm_cache else "")
     q = args.quick
     frames_per_fear = args.frames_per_fear or (2 if q else 10)
     n_depths = args.depths or (2 if q else 8)
@@ -536,8 +565,12 @@ def main(argv=None) -> int:
             "data_seed": derived_seed(settings.master_seed, "benchmarks/fit", "data") % (2**32),
             "band": band, "hdi_prob": float(settings.decision["hdi_prob"]),
             "registered_sampler": {k: int(v) for k, v in sampler.items()}, "pymc_cores": args.pymc_cores,
+            "nutpie_blas_threads": args.nutpie_blas_threads,
             "compile_cache": "user's PyTensor cache (warm)" if args.warm_cache else "empty, one per arm (cold)"}
     spec["levels"] = levels_for(settings.fears, depths)
+    from pymc.sampling.parallel import _cpu_count
+
+    spec["pymc_cores_effective"] = args.pymc_cores or min(4, _cpu_count())
     data = simulate(spec["levels"], frames_per_fear, spec["data_seed"])
     work = Path(tempfile.mkdtemp(prefix="fit_bench_"))
     data.to_pickle(work / "data.pkl")
@@ -574,7 +607,7 @@ def main(argv=None) -> int:
                           *(sys.argv[1:] if argv is None else argv)])
     nut = arms["nutpie"]
     result = {
-        "mode": mode, "command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode, "variant": variant, "command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(), "spec": {k: v for k, v in spec.items() if k != "levels"},
         "levels": spec["levels"],
         "data": {"rows": len(data), "frames": int(data["frame"].nunique()), "frames_per_fear": frames_per_fear,
@@ -585,18 +618,31 @@ def main(argv=None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     print()
-    print(render_markdown({mode: result}))
+    print(render_markdown({variant: result}))
     if not args.no_write:
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
         all_results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else {}
-        all_results[mode] = result
-        RESULTS_JSON.write_text(json.dumps(all_results, indent=2, default=float) + "\n")
+        all_results[variant] = result
+        RESULTS_JSON.write_text(json.dumps(finite(all_results), indent=2, default=float, allow_nan=False) + "\n")
     if args.keep:
         print(f"# kept {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
     print(last)
     return 0
+
+
+def finite(obj):
+    """NaN and infinities as null, so that fit.json is strict JSON."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
 
 
 def show(a: dict) -> None:

@@ -30,7 +30,7 @@ def test_families_and_depth_sets_follow_decisions_1(settings):
     embedded = settings.family("smollm2-135m")
     assert embedded.base is None and embedded.reduced_design is not None
     # The embedded demo registers a reduced design of two depths (its time budget).
-    assert embedded.depth_keys == ("d1", "d2") and embedded.depth_tokens == (0, 512)
+    assert embedded.depth_keys == ("d1", "d2") and embedded.depth_tokens == (0, 128)
     assert not embedded.reduced_design.examine_reserves
     assert embedded.reduced_design.branches["pilot_content_removed"] == ("forced_choice",)
 

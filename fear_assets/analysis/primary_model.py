@@ -158,8 +158,18 @@ class Fitter:
             self._compiled.append((d, compiled))
             self.compilations += 1
         compiled = compiled.with_data(**data_updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
-        return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
-                             progress_bar=False, low_rank_modified_mass_matrix=True)
+        with one_blas_thread():
+            return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
+                                 progress_bar=False, low_rank_modified_mass_matrix=True)
+
+
+def one_blas_thread():
+    """nutpie runs its chains in parallel threads; BLAS threads inside each chain then
+    oversubscribe the cores (measured: about 7x slower per gradient at registered size on 2
+    cores, benchmarks/RESULTS.md), so sampling runs with one BLAS thread per chain."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def sample(model, draws: int, tune: int, chains: int, seed: int, low_rank: bool = True):
@@ -169,8 +179,9 @@ def sample(model, draws: int, tune: int, chains: int, seed: int, low_rank: bool 
         import nutpie
 
         compiled = nutpie.compile_pymc_model(model)
-        return nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, seed=seed, progress_bar=False,
-                             low_rank_modified_mass_matrix=low_rank)
+        with one_blas_thread():
+            return nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, seed=seed, progress_bar=False,
+                                 low_rank_modified_mass_matrix=low_rank)
     except ImportError:
         import pymc as pm
 
