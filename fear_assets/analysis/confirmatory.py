@@ -145,7 +145,7 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         refit("H2_first_person", primary.assign(outcome=first), "sensitivity",
               "self cells scored with the first-person report form")
     refit("H2_prior_sensitivity", primary, "sensitivity",
-          f"fixed effects Normal(0, {reg.sensitivity_sd:g}) instead of Normal(0, 0.5)", fixed_sd=reg.sensitivity_sd)
+          f"fixed effects Normal(0, {reg.sensitivity_sd:g}) instead of the registered prior", fixed_sd=reg.sensitivity_sd)
 
     # -- gate (a): service relevance; role-play; base checkpoint --------------------------
     for name, blk, kind, note in (("gate_a_service_relevance_H2", "service_relevance", "gate",
@@ -190,7 +190,8 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     if len(flagged):
         keep = ~primary.set_index(["agent", "content", "depth"]).index.isin(
             list(flagged[["agent", "content", "depth"]].itertuples(index=False, name=None)))
-        refit("H2_without_flagged_cells", primary[keep], "sensitivity", "cells with > 5% exclusions left out")
+        refit("H2_without_flagged_cells", primary[keep], "sensitivity",
+              f"cells with more than {reg.flag_rate:.0%} exclusions left out")
     if inputs.bank is not None:
         phrases = {fear: sorted({f.verb("assistant", "threat") for s in ("pilot", "confirmatory", "reserve")
                                  for f in inputs.bank.frames_of(fear, s)}) for fear in inputs.fears}
