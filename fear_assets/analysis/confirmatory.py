@@ -21,8 +21,7 @@ import pandas as pd
 from fear_assets.analysis.controls import CONTRASTS, CONTROLS, control_verdict
 from fear_assets.analysis.data import AGENTS, levels_of, model_table
 from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells
-from fear_assets.analysis.primary_model import Fitter, hypotheses
-from fear_assets.reading.decision import label
+from fear_assets.analysis.primary_model import Fitter, divergences, hypotheses
 
 
 @dataclass
@@ -114,24 +113,13 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     out.fits["primary"] = pfit
     for h, draws in hypotheses(pfit.mu).items():
         add(h, "confirmatory", draws, pfit)
-    out.by_depth = delta_by_depth(fitter, pfit, inputs)
+    out.by_depth = delta_by_depth(pfit, inputs)
 
     # -- same-shape refits: recall (gate b), summed, first-person, prior sensitivity -------
-    def refit(name: str, data: pd.DataFrame, kind: str, note: str = "", fixed_sd: float | None = None,
-              contrast=h2) -> dict | None:
-        from fear_assets.analysis.data import prepared
-        from fear_assets.analysis.primary_model import cell_means, posterior_draws
-
-        levels = levels_of(data, inputs.fears)
-        d = prepared(data, levels)
-        idata = fitter.fit(d, inputs.seed(name), fixed_sd=fixed_sd)
-        from fear_assets.analysis.primary_model import convergence
-
-        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
-                        [b for b in inputs.band if b in levels["depth"]])
-        fit = Fit(name, d, idata, mu, list(inputs.band), len(data), convergence(idata))
+    def refit(name: str, data: pd.DataFrame, kind: str, note: str = "", fixed_sd: float | None = None) -> dict:
+        fit = fit_cells(fitter, data, inputs.fears, inputs.band, inputs.seed(name), name, fixed_sd=fixed_sd)
         out.fits[name] = fit
-        return add(name, kind, contrast(mu), fit, note=note)
+        return add(name, kind, h2(fit.mu), fit, note=note)
 
     recall = primary.assign(outcome=primary["delta_recall"]) if primary["delta_recall"].notna().all() else None
     if recall is not None:
@@ -201,7 +189,7 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     return out
 
 
-def delta_by_depth(fitter: Fitter, fit: Fit, inputs: Inputs) -> pd.DataFrame:
+def delta_by_depth(fit: Fit, inputs: Inputs) -> pd.DataFrame:
     """Posterior cell means at each depth (for the Delta-by-depth plot)."""
     import arviz as az
 
@@ -240,8 +228,7 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
                    inputs.seed("gate_c"))
     draws = gc.gate_c_contrast(idata, d, list(inputs.band))
     rope, meaningful = gc.gate_c_bounds(tested_sigma, reg.sesoi, reg.meaningful)
-    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
-    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data), {"divergences": divergences})
+    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data), {"divergences": divergences(idata)})
     row = add("gate_c_judge_H2_difference", "gate", draws, fit, scale="standardised", rope=rope,
               note=f"ROPE +-{rope:.3f} and meaningful size {meaningful:.3f} on the standardised scale "
                    f"(0.15/sigma, 0.30/sigma; pilot sigma {tested_sigma:.4f})")
@@ -272,21 +259,14 @@ def h5(inputs: Inputs, block, out: Result) -> None:
         raise ValueError("H5 needs its registered priors (H5Priors.from_settings)")
     idata = sample(build_h5_model(d, inputs.h5_priors), reg.draws, reg.tune, reg.chains, inputs.seed("h5"))
     draws = h5_contrast(idata, cells)
-    from fear_assets.analysis.fits import contrast_diagnostics
-    import arviz as az
-
-    low, high = (float(v) for v in az.hdi(draws, hdi_prob=reg.hdi_prob))
-    decision = label(low, high, reg.sesoi)
-    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
-    row = {"contrast": "H5", "kind": "confirmatory", "status": "estimated", "scale": "d'", "mean": float(draws.mean()),
-           "hdi_low": low, "hdi_high": high, "label": decision.label,
-           "practically_meaningful": decision.practically_meaningful, **contrast_diagnostics(draws, reg.chains),
-           "divergences": divergences, "trials": len(rows),
-           "note": f"forced choices at {inputs.h5_depth} ({len(removed)} content-removed trials inform the criterion only)"}
+    row = contrast_summary("H5", draws, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
+                           kind="confirmatory", status="estimated", scale="d'", trials=len(rows),
+                           note=f"forced choices at {inputs.h5_depth} ({len(removed)} content-removed trials "
+                                "inform the criterion only)")
     row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
     out.rows.append(row)
     out.draws["H5"] = draws
-    inputs.log(f"H5: mean {row['mean']:.3f}, HDI [{low:.3f}, {high:.3f}] -> {decision.label}")
+    inputs.log(f"H5: mean {row['mean']:.3f}, HDI [{row['hdi_low']:.3f}, {row['hdi_high']:.3f}] -> {row['label']}")
 
 
 def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add) -> None:
@@ -310,9 +290,8 @@ def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add)
             out.rows.append(row)
             continue
         agents = ("addressee", "other_person") if name == "addressee_name" else AGENTS
-        band_primary = pfit
         fit = fit_cells(fitter, data, inputs.fears, inputs.band, inputs.seed(name), suffix, agents)
-        draws = CONTRASTS[name](fit.mu, band_primary.mu)
+        draws = CONTRASTS[name](fit.mu, pfit.mu)
         verdict = control_verdict(name, draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
         row = add(f"control_{name}", "control", draws, fit, note=verdict.reason)
         row["control_passed"] = verdict.passed

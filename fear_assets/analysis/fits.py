@@ -39,14 +39,15 @@ class Fit:
 
 
 def fit_cells(fitter: Fitter, table: pd.DataFrame, fears: Sequence[str], band: Sequence[str], seed: int,
-              name: str, agents: Sequence[str] = AGENTS) -> Fit:
+              name: str, agents: Sequence[str] = AGENTS, fixed_sd: float | None = None) -> Fit:
     """The registered model on ``table`` (a model table, see ``data.model_table``); cell
-    means averaged over the ``band`` depths present."""
+    means averaged over the ``band`` depths present. ``fixed_sd`` replaces the fixed-effect
+    prior sd (the prior-sensitivity refit)."""
     if table.empty:
         raise ValueError(f"{name}: no rows to fit; score the block first")
     levels = levels_of(table, fears, agents)
     d = prepared(table, levels)
-    idata = fitter.fit(d, seed)
+    idata = fitter.fit(d, seed, fixed_sd=fixed_sd)
     present = [b for b in band if b in levels["depth"]]
     if not present:
         raise ValueError(f"{name}: none of the band depths {list(band)} is in the data ({levels['depth']})")

@@ -215,9 +215,13 @@ def convergence(idata, names: Sequence[str] = ("intercept", "beta", "sigma", "nu
     import arviz as az
 
     summary = az.summary(idata, var_names=list(names), kind="diagnostics")
-    divergences = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
     return {"max_rhat": float(summary["r_hat"].max()), "min_ess_bulk": float(summary["ess_bulk"].min()),
-            "min_ess_tail": float(summary["ess_tail"].min()), "divergences": divergences}
+            "min_ess_tail": float(summary["ess_tail"].min()), "divergences": divergences(idata)}
+
+
+def divergences(idata) -> int:
+    """Divergent transitions of a posterior (0 where the sampler records none)."""
+    return int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
 
 
 def posterior_draws(idata, name: str) -> np.ndarray:
