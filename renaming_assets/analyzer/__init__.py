@@ -1,0 +1,1 @@
+"""The analyzer (standard library only): integrity checks, label validity, estimands."""
