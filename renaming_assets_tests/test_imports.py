@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "renaming_assets"
-STDLIB_PARTS = ["settings.py", "precision.py", "bundle.py", "analyze.py", "synthetic.py", "__init__.py",
+STDLIB_PARTS = ["settings.py", "precision.py", "bundle.py", "analyze.py", "synthetic.py", "demo.py", "__init__.py",
                 "generator", "auditor", "analyzer"]
 
 
