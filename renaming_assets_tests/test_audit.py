@@ -89,3 +89,19 @@ def test_auditor_catches_a_broken_orbit_a_fixed_identifier_and_a_changed_questio
     assert audit["failures"]
     assert any("orbit" in f or "exact answer" in f or "depth" in f or "forest" in f or "unreadable" in f
                for f in audit["failures"])
+
+
+def test_direct_target_parent_sentence_is_identical_across_namings(small_plan):
+    for world in sorted({r["world"] for r in small_plan}):
+        rows = _world_rows(small_plan, world)
+        for layout in ("shuffled", "grouped"):
+            body = rows[(layout, "parent", "original")]["body"]
+            target = body["instructions"].split()[-1].rstrip("?")
+            lines = {n: rows[(layout, "parent", n)]["body"]["state"].split("\n") for n in ("original", "unrestricted",
+                                                                                             "constrained")}
+            at = [i for i, line in enumerate(lines["original"]) if line.startswith(f"{target} -> ")]
+            assert len(at) == 1
+            assert lines["unrestricted"][at[0]] == lines["constrained"][at[0]] == lines["original"][at[0]]
+            gold = dict((a["key"], a["text"]) for a in body["alternatives"])[rows[(layout, "parent", "original")]
+                                                                            ["expected"]["gold"]]
+            assert lines["original"][at[0]] == f"{target} -> {gold}"

@@ -2,9 +2,13 @@
 as the command line."""
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 import renaming_assets.definitions as renaming
@@ -60,3 +64,14 @@ def test_assets_build_the_command_line_bundle_and_analyze_config_logs(tmp_path, 
                                                               "out": str(tmp_path / "result.json")}}}})
     assert result.success
     assert (tmp_path / "result.json").read_text().splitlines()[0].startswith('{"evidence": "SYNTHETIC EVIDENCE')
+
+
+@pytest.mark.slow
+def test_dagster_cli_validates_both_code_locations():
+    """What `dagster dev -w workspace.yaml` loads (the fast in-process counterpart is above)."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w",
+                           "workspace.yaml"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DAGSTER_HOME": str(ROOT), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for location in ("two_facts_one_gate", "anchor_fixed_renaming"):
+        assert f"Validation successful for code location {location}." in proc.stderr + proc.stdout
