@@ -19,7 +19,7 @@ from renaming_assets.analyzer.estimands import analyze_outcomes
 from renaming_assets.analyzer.integrity import IntegrityError, collect_attempts, load_plan, verify_freeze
 from renaming_assets.analyzer.validity import outcome
 from renaming_assets.bundle import FREEZE, sha256_file
-from renaming_assets.settings import SETTINGS, Settings
+from renaming_assets.settings import LAYOUTS, NAMINGS, SETTINGS, TASKS, Settings
 
 SYNTHETIC_EVIDENCE = ("SYNTHETIC EVIDENCE: every row comes from the synthetic test/demo responder "
                       "(synthetic: true); these figures are not model outcomes")
@@ -41,6 +41,10 @@ def analyze(bundle: Path, logs: list[Path], settings: Settings = SETTINGS) -> di
         "freeze_sha256": sha256_file(bundle / FREEZE),
         "logs": [str(p) for p in logs],
         "attempted_rows": len(rows),
+        "planned_jobs": len(plan),
+        # A reduced test/demo bundle is not the registered cohort.
+        "registered_cohort": len(plan) == SETTINGS.cohort.worlds * len(LAYOUTS) * len(TASKS) * len(NAMINGS)
+        * len(SETTINGS.schedule.copies),
         "validity": {
             "valid_labels": sum(o.label is not None for o in outcomes.values()),
             "failure_categories": dict(sorted(Counter(o.failure for o in outcomes.values() if o.failure).items())),
@@ -60,7 +64,8 @@ def analyze(bundle: Path, logs: list[Path], settings: Settings = SETTINGS) -> di
 def dumps_result(result: dict) -> str:
     """JSON whose first line carries the evidence statement."""
     text = json.dumps(result, indent=1, ensure_ascii=True)
-    assert text.startswith('{\n "evidence"')
+    if not text.startswith('{\n "evidence"'):
+        raise ValueError("result must start with its 'evidence' statement")
     return "{" + text[len("{\n "):] + "\n"
 
 

@@ -113,7 +113,8 @@ def test_synthetic_result_first_line_and_figures(tmp_path, small_bundle, small_l
     text = out.read_text()
     assert text.splitlines()[0].startswith('{"evidence": "SYNTHETIC EVIDENCE')
     result = json.loads(text)
-    assert result["synthetic"] is True and result["attempted_rows"] == 432
+    assert result["synthetic"] is True and result["attempted_rows"] == result["planned_jobs"] == 432
+    assert result["registered_cohort"] is False  # a reduced test bundle
     endpoints = result["primary"]["endpoints"]
     assert [e["endpoint"] for e in endpoints] == ["constrained:shuffled:root", "constrained:shuffled:fourth_ancestor"]
     for e in endpoints:
@@ -164,5 +165,6 @@ def test_equal_family_mean_undefined_when_a_family_has_no_complete_world(tmp_pat
     assert fourth["estimate"] is None and fourth["available"] is False and fourth["p_holm"] is None
     # Holm keeps a family of two: the available endpoint's p is doubled.
     assert root["p_holm"] == pytest.approx(min(1.0, 2 * root["p_sign_flip"]))
+    assert result["registered_cohort"] is False
     assert fourth["missing_outcome_bounds"][0] < fourth["missing_outcome_bounds"][1]
     assert SETTINGS.inference.family_size == 2

@@ -110,8 +110,9 @@ def collect_attempts(plan: dict[str, dict], logs: list[Path]) -> dict[str, dict]
                         f"mixed synthetic/real evidence: job {job!r} ({where}) has synthetic={str(synthetic).lower()} "
                         f"but job {first_kind[1]!r} ({first_kind[2]}) has synthetic={str(first_kind[0]).lower()}")
                 _match(job, row, frozen, where)
-                row["_where"] = where
-                rows[job] = row
+                # Keep what the analysis reads; the verified body is the frozen one.
+                rows[job] = {k: row.get(k) for k in ("synthetic", "started_at", "duration_s", "response")}
+                rows[job]["_where"] = where
     missing = [job for job in plan if job not in rows]
     if missing:
         raise IntegrityError(f"missing attempt for planned job {missing[0]!r} ({len(missing)} planned jobs have no "
