@@ -3,8 +3,8 @@ generator, auditor, precision plan, freeze and analyzer do the work).
 
 Per-family work is partitioned by topology family; the bundle, the assembled audit, the
 precision plan, the freeze and the analysis are single artifacts of the whole cohort.
+(No ``from __future__ import annotations`` here: Dagster inspects the context annotation.)
 """
-
 
 import json
 from pathlib import Path

@@ -55,6 +55,16 @@ def test_spine_target_and_candidates(worlds):
                 assert len({_depth(f, v) for v in w.tasks[task].candidates}) == 1
 
 
+def _top_three_share(law):
+    """Mean number of additional nodes whose parent is one of the three most used parents."""
+    total = 0
+    for i in range(200):
+        b = grow_branch(law, stream("test", law, i), C)
+        counts = Counter(b.parent[v] for v in range(C.spine_edges, C.nonroot_nodes_per_branch))
+        total += sum(n for _, n in counts.most_common(3))
+    return total / 200
+
+
 @pytest.mark.parametrize("law", FAMILIES)
 def test_attachment_laws(law):
     for i in range(50):
@@ -64,12 +74,15 @@ def test_attachment_laws(law):
         # The spine leaf never gets children: it stays the depth-eight target.
         assert all(b.parent[v] != C.spine_edges - 1 for v in extra)
         assert all(b.depth[b.parent[v]] < 8 for v in extra)
-        parents = {b.parent[v] for v in extra}
         if law == "spine_fan":
-            assert parents <= set(range(0, 7))  # spine depths one through seven
-        if law == "clustered":
-            hub_children = Counter(b.parent[v] for v in extra if b.parent[v] < 7)
-            assert len(hub_children) >= 1
+            assert {b.parent[v] for v in extra} <= set(range(0, 7))  # spine depths one through seven
+
+
+def test_clustered_law_concentrates_on_three_hubs():
+    # Half the additional nodes (12 of 24 on average) go to the three hubs, so the three most
+    # used parents take far more than under the recursive law.
+    clustered, recursive = _top_three_share("clustered"), _top_three_share("recursive")
+    assert clustered >= 12 and clustered > recursive + 3
 
 
 def test_balanced_four_cycles(worlds):
