@@ -39,6 +39,58 @@ def _positional_map(original, renamed, where: str, fail) -> dict[str, str]:
     return sigma
 
 
+def _audit_treatment(world: str, naming: str, states: dict, rows: dict, names: set[str], anchored: set[str],
+                     eligible: set[str], counts, fail) -> int:
+    """Protocol, "Treatments": one map per treatment, moving exactly the eligible set and
+    preserving question/candidate bytes, roots, abstract graph, record positions, state byte
+    length; the constrained map also the inventory, role counts, word/punctuation multiset
+    and character bag. Returns how many identifiers' role counts the map changes."""
+    sigmas, changed = [], 0
+    for layout in LAYOUTS:
+        original, renamed = states[(layout, "original")], states[(layout, naming)]
+        where = f"{world}:{layout}:{naming}"
+        for task in TASKS:
+            b0, b1 = rows[(layout, task, "original")]["body"], rows[(layout, task, naming)]["body"]
+            if b0["instructions"] != b1["instructions"] or b0["alternatives"] != b1["alternatives"]:
+                fail(f"{where}:{task}: question or candidate bytes differ from the original")
+        if original.roots != renamed.roots or len(original.records) != len(renamed.records):
+            fail(f"{where}: roots or record count differ from the original")
+        if len(original.text.encode()) != len(renamed.text.encode()):
+            fail(f"{where}: state byte length differs from the original")
+        sigma = _positional_map(original, renamed, where, fail)
+        sigmas.append(sigma)
+        moved = {a for a, b in sigma.items() if a != b}
+        if moved != eligible:
+            fail(f"{where}: moves {len(moved)} identifiers, the eligible set has {len(eligible)}")
+        if any(sigma.get(a, a) != a for a in anchored):
+            fail(f"{where}: an anchored identifier moved")
+        before, after = original.role_counts(), renamed.role_counts()
+        changed = sum(1 for n in names if before[n] != after[n])
+        if naming == "constrained":
+            if any(counts[a] != counts[b] for a, b in sigma.items()):
+                fail(f"{where}: an identifier moved across (child, parent) mention bins")
+            if changed or set(before) != set(after):
+                fail(f"{where}: name inventory or per-identifier role counts changed")
+            if tokens(original.text) != tokens(renamed.text) or Counter(original.text) != Counter(renamed.text):
+                fail(f"{where}: word/punctuation multiset or character bag changed")
+    if sigmas[0] != sigmas[1]:
+        fail(f"{world}:{naming}: the layouts use different maps (one preselected map per treatment)")
+    return changed
+
+
+def _audit_layouts(world: str, states: dict, graphs: dict, fail) -> None:
+    """The root-grouped layout is the shuffled order grouped by declared root, keeping the
+    shuffled relative order within each group."""
+    for naming in NAMINGS:
+        shuffled, grouped = states[("shuffled", naming)], states[("grouped", naming)]
+        g = graphs[("shuffled", naming)]
+        rank = {r: i for i, r in enumerate(shuffled.roots)}
+        if list(grouped.records) != sorted(shuffled.records, key=lambda rec: rank[g.root_of(rec[0])]):
+            fail(f"{world}:{naming}: grouped layout is not the shuffled order grouped by declared root")
+        if grouped.roots != shuffled.roots:
+            fail(f"{world}:{naming}: layouts declare roots differently")
+
+
 def audit_world(world: str, rows: dict[tuple[str, str, str], dict], settings: Settings) -> dict:
     """Every property of one world's eighteen bodies (``rows`` keyed by layout, task, naming)."""
     failures: list[str] = []
@@ -107,48 +159,9 @@ def audit_world(world: str, rows: dict[tuple[str, str, str], dict], settings: Se
         bins[counts[n]].append(n)
     eligible = {n for members in bins.values() if len(members) > 1 for n in members}
 
-    role_changes = {}
-    for naming in RENAMINGS:
-        sigmas = []
-        for layout in LAYOUTS:
-            original, renamed = states[(layout, "original")], states[(layout, naming)]
-            where = f"{world}:{layout}:{naming}"
-            for task in TASKS:
-                b0, b1 = rows[(layout, task, "original")]["body"], rows[(layout, task, naming)]["body"]
-                if b0["instructions"] != b1["instructions"] or b0["alternatives"] != b1["alternatives"]:
-                    fail(f"{where}:{task}: question or candidate bytes differ from the original")
-            if original.roots != renamed.roots or len(original.records) != len(renamed.records):
-                fail(f"{where}: roots or record count differ from the original")
-            if len(original.text.encode()) != len(renamed.text.encode()):
-                fail(f"{where}: state byte length differs from the original")
-            sigma = _positional_map(original, renamed, where, fail)
-            sigmas.append(sigma)
-            moved = {a for a, b in sigma.items() if a != b}
-            if moved != eligible:
-                fail(f"{where}: moves {len(moved)} identifiers, the eligible set has {len(eligible)}")
-            if any(sigma.get(a, a) != a for a in anchored):
-                fail(f"{where}: an anchored identifier moved")
-            before, after = original.role_counts(), renamed.role_counts()
-            changed = sum(1 for n in names if before[n] != after[n])
-            role_changes[naming] = changed
-            if naming == "constrained":
-                if any(counts[a] != counts[b] for a, b in sigma.items()):
-                    fail(f"{where}: an identifier moved across (child, parent) mention bins")
-                if changed or set(before) != set(after):
-                    fail(f"{where}: name inventory or per-identifier role counts changed")
-                if tokens(original.text) != tokens(renamed.text) or Counter(original.text) != Counter(renamed.text):
-                    fail(f"{where}: word/punctuation multiset or character bag changed")
-        if sigmas[0] != sigmas[1]:
-            fail(f"{world}:{naming}: the layouts use different maps (one preselected map per treatment)")
-
-    for naming in NAMINGS:
-        shuffled, grouped = states[("shuffled", naming)], states[("grouped", naming)]
-        g = graphs[("shuffled", naming)]
-        rank = {r: i for i, r in enumerate(shuffled.roots)}
-        if list(grouped.records) != sorted(shuffled.records, key=lambda rec: rank[g.root_of(rec[0])]):
-            fail(f"{world}:{naming}: grouped layout is not the shuffled order grouped by declared root")
-        if grouped.roots != shuffled.roots:
-            fail(f"{world}:{naming}: layouts declare roots differently")
+    role_changes = {naming: _audit_treatment(world, naming, states, rows, names, anchored, eligible, counts, fail)
+                    for naming in RENAMINGS}
+    _audit_layouts(world, states, graphs, fail)
 
     return {
         "world": world, "failures": failures, "orbit": orbit, "baselines": baselines,
