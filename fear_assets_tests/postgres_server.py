@@ -92,8 +92,10 @@ def _server_uid() -> int | None:
 
 
 @contextmanager
-def temporary_postgres(max_connections: int = 200) -> Iterator[PostgresServer]:
-    """Start a server, yield it, always stop it and remove its directory."""
+def temporary_postgres(max_connections: int = 200, durable: bool = False) -> Iterator[PostgresServer]:
+    """Start a server, yield it, always stop it and remove its directory.
+
+    ``durable=False`` (tests) turns fsync off; a benchmark that compares stores keeps it on."""
     bindir = postgres_bindir()
     # Not under pytest's tmp_path: that is 0700 root, which the server user cannot enter.
     root = Path(tempfile.mkdtemp(prefix="fear-pg-"))
@@ -109,10 +111,10 @@ def temporary_postgres(max_connections: int = 200) -> Iterator[PostgresServer]:
             subprocess.run(_as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust",
                                             "-E", "UTF8", "--no-sync"]),
                            check=True, capture_output=True, timeout=120)
-            # Durability is not under test here (the store's files are fsynced; the instance's
+            # In tests durability is not under test (the store's files are fsynced; the instance's
             # rows are Dagster's): fsync off keeps the server cheap on a shared 2-core machine.
-            options = (f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c max_connections={max_connections} "
-                       "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+            options = (f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c max_connections={max_connections}"
+                       + ("" if durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"))
             subprocess.run(_as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options,
                                             "-w", "-t", "60", "start"]),
                            check=True, capture_output=True, timeout=90)

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import duckdb
 import pandas as pd
-from dagster import MetadataValue, TableColumn, TableSchema
+from dagster import InputContext, MetadataValue, TableColumn, TableSchema
 from dagster._core.definitions.metadata import TableMetadataSet
 from dagster._core.definitions.partitions.utils import TimeWindow
 from dagster._core.storage.db_io_manager import DbClient, DbIOManager, TableSlice
@@ -153,7 +153,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_parquet_atomically(frame: pd.DataFrame, path: Path) -> None:
+def write_parquet_atomically(frame: pd.DataFrame, path: Path, con: duckdb.DuckDBPyConnection | None = None) -> None:
     """Write ``frame`` to ``path`` so that ``path`` holds either its old content or all of the new.
 
     Temporary name in the same directory (same filesystem, so the rename is atomic; hidden and
@@ -161,14 +161,18 @@ def write_parquet_atomically(frame: pd.DataFrame, path: Path) -> None:
     directory (so the rename itself survives a crash)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    own = con is None
+    con = duckdb.connect() if own else con
     try:
-        with duckdb.connect() as con:
-            con.register("frame", frame)
-            con.execute(f"copy (select * from frame) to '{_sql_path(tmp)}' (format parquet)")
+        con.register("fear_frame", frame)
+        con.execute(f"copy (select * from fear_frame) to '{_sql_path(tmp)}' (format parquet)")
+        con.unregister("fear_frame")
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
+        if own:
+            con.close()
         if tmp.exists():
             tmp.unlink()
     _fsync_dir(path.parent)
@@ -215,7 +219,8 @@ def split_by_partition(frame: pd.DataFrame, table: str,
     return parts
 
 
-def write_table_slice(root: str | Path, table_slice: TableSlice, frame: pd.DataFrame) -> int:
+def write_table_slice(root: str | Path, table_slice: TableSlice, frame: pd.DataFrame,
+                      con: duckdb.DuckDBPyConnection | None = None) -> int:
     """Replace the slice's partitions with ``frame``'s rows (one atomic file each); return files written.
 
     A frame with no columns (nothing to store) removes the slice's files: the same as the
@@ -227,8 +232,8 @@ def write_table_slice(root: str | Path, table_slice: TableSlice, frame: pd.DataF
         return 0
     parts = split_by_partition(frame, table_slice.table, combos)
     for combo, rows in parts.items():
-        write_parquet_atomically(rows.reset_index(drop=True), partition_file(root, table_slice.schema,
-                                                                             table_slice.table, combo))
+        write_parquet_atomically(rows.reset_index(drop=True),
+                                 partition_file(root, table_slice.schema, table_slice.table, combo), con)
     return len(parts)
 
 
@@ -263,7 +268,8 @@ class ParquetDbClient(DbClient):
     def connect(self, context, table_slice) -> Iterator[duckdb.DuckDBPyConnection]:
         con = duckdb.connect()
         try:
-            create_views(con, self.root, table_slice.schema, [table_slice.table])
+            if isinstance(context, InputContext):  # a write needs no view (and would read every file's footer)
+                create_views(con, self.root, table_slice.schema, [table_slice.table])
             yield con
         finally:
             con.close()
@@ -289,7 +295,7 @@ class ParquetPandasTypeHandler(DuckDBPandasTypeHandler):
         self.root = root
 
     def handle_output(self, context, table_slice, obj, connection):
-        write_table_slice(self.root, table_slice, obj)
+        write_table_slice(self.root, table_slice, obj, connection)
         rows = TableMetadataSet(partition_row_count=obj.shape[0], storage_kind="parquet") if context.has_partition_key \
             else TableMetadataSet(row_count=obj.shape[0], storage_kind="parquet")
         context.add_output_metadata({
