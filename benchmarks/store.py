@@ -11,11 +11,15 @@ DuckLake arm is reported as not run. Needs Debian's ``postgresql`` (initdb, pg_c
 DuckLake's catalog: a throwaway server on 127.0.0.1 (fear_assets_tests/postgres_server.py).
 
 Stores (each configuration gets a fresh, empty one):
-  duckdb    the embedded file through the project's IO manager (``StoreIOManager(store="duckdb")``:
-            connect with dagster-duckdb's retry on a lock, delete + insert in one transaction).
-            No Dagster pool here: the writers contend for the file as they would without one.
-  parquet   the multi-writer store through the same IO manager (``store="parquet"``): one
-            Parquet file per partition, written to a temporary name, fsynced, ``os.replace``d.
+  duckdb    the embedded file through the project's IO manager code (``TransactionalDuckDbClient`` and
+            its type handler: connect with dagster-duckdb's retry on a lock, delete + insert in
+            one transaction, close). No Dagster pool here: the writers contend for the file as
+            they would without one.
+  parquet   the multi-writer store through its IO manager code (``ParquetDbClient`` and
+            ``ParquetPandasTypeHandler``): one Parquet file per partition, written to a
+            temporary name, fsynced, ``os.replace``d.
+  The two IO-manager arms call the client and handler as ``DbIOManager.handle_output`` does,
+  without Dagster's per-output context (about 0.1-0.3 s a write here, the same for both).
   ducklake  DuckLake with a Postgres catalog and Parquet data files: per write ``BEGIN;
             DELETE ... WHERE part = ?; INSERT ...; COMMIT``, retried on a transaction conflict.
 
@@ -23,6 +27,9 @@ Load. Each writer is its own process and writes its own 4 partitions twice (the 
 replaces the first), so 8 writes per writer; a partition is 20,000 rows x 5 columns (part,
 generation, row_no, value, label), built deterministically (no random draw). The writers
 start together (they import and connect first, then wait for a go signal).
+
+Each configuration runs ``--reps`` times (default 3), round-robin over writer counts and
+stores so that the shared machine's load falls on every arm alike; the median is reported.
 
 Figures per store and writer count: partitions written per minute (writes / wall from the
 first write's start to the last's end x 60), lock errors (DuckDB's "Could not set lock" on
@@ -64,11 +71,27 @@ def frame(part: str, generation: int):
 
 # ---- workers (one process each) ----
 
-def _io_manager_writer(store: str, location: str):
-    import dagster as dg
-    import duckdb
+class _StubContext:
+    """What the store's client and type handler read from Dagster's OutputContext."""
 
-    from fear_assets.resources.store import StoreIOManager
+    has_partition_key = True
+
+    def __init__(self, database: str):
+        self.resource_config = {"database": database, "connection_config": {}}
+
+    def add_output_metadata(self, metadata) -> None:
+        self.metadata = metadata
+
+
+def _io_manager_writer(store: str, location: str):
+    """The IO manager's own client and type handler, called as DbIOManager.handle_output calls
+    them (connect, ensure schema, delete slice, handle output, close) for each write; only
+    Dagster's per-output context machinery, the same for both arms, is left out."""
+    import duckdb
+    from dagster._core.storage.db_io_manager import TableSlice, TablePartitionDimension
+
+    from fear_assets.resources.store import (EmptyAwarePandasTypeHandler, ParquetDbClient, ParquetPandasTypeHandler,
+                                             TransactionalDuckDbClient)
 
     counts = {"lock_errors": 0}
     real_connect = duckdb.connect
@@ -82,17 +105,19 @@ def _io_manager_writer(store: str, location: str):
             raise
 
     duckdb.connect = counting_connect
-    cfg = dict(database=location if store == "duckdb" else str(Path(location) / "unused.duckdb"), schema=SCHEMA,
-               store=store, parquet_root=location if store == "parquet" else None)
-    manager = StoreIOManager(**cfg).create_io_manager(None)
-    parts_def = dg.StaticPartitionsDefinition([f"p{i:02d}" for i in range(PARTS_PER_WRITER * max(WRITERS))])
-    resource_config = {"database": cfg["database"], "schema": SCHEMA, "connection_config": {}}
+    if store == "duckdb":
+        client, handler = TransactionalDuckDbClient(), EmptyAwarePandasTypeHandler()
+    else:
+        client, handler = ParquetDbClient(location), ParquetPandasTypeHandler(location)
+    context = _StubContext(location)
 
     def write(part: str, rows) -> None:
-        ctx = dg.build_output_context(asset_key=dg.AssetKey(TABLE), partition_key=part,
-                                      asset_partitions_def=parts_def, definition_metadata={"partition_expr": "part"},
-                                      resource_config=resource_config)
-        manager.handle_output(ctx, rows)
+        table_slice = TableSlice(table=TABLE, schema=SCHEMA, partition_dimensions=[
+            TablePartitionDimension(partition_expr="part", partitions=[part])])
+        with client.connect(context, table_slice) as conn:
+            client.ensure_schema_exists(context, table_slice, conn)
+            client.delete_table_slice(context, table_slice, conn)
+            handler.handle_output(context, table_slice, rows, conn)
 
     return write, counts
 
@@ -223,50 +248,81 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ducklake-python", default="")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "store.json"))
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     load_before = os.getloadavg()
-    results: dict[str, list] = {"duckdb": [], "parquet": [], "ducklake": []}
+    runs: dict[tuple[str, int], list] = {}
     with tempfile.TemporaryDirectory(prefix="fear-store-bench-") as tmp, temporary_postgres(durable=True) as pg:
-        for n in WRITERS:
-            for store in ("duckdb", "parquet", "ducklake"):
-                location = str(Path(tmp) / f"{store}-{n}")
-                dsn = ""
-                if store == "ducklake":
-                    if not args.ducklake_python:
-                        results[store].append({"writers": n, "not_run": "no --ducklake-python (needs duckdb 1.5.5 "
-                                                                        "and the extension packages)"})
+        # Repetitions round-robin over writer counts and stores, so the shared machine's load
+        # falls on every arm alike; the median repetition is reported.
+        for rep in range(args.reps):
+            for n in WRITERS:
+                for store in ("duckdb", "parquet", "ducklake"):
+                    if store == "ducklake" and not args.ducklake_python:
                         continue
-                    pg.create_database(f"lake{n}")
-                    dsn = f"dbname=lake{n} host={pg.host} port={pg.port} user={pg.user}"
-                    Path(location).mkdir()
-                    subprocess.run([args.ducklake_python, __file__, "--admin", "setup", "--location", location,
-                                    "--dsn", dsn], check=True, capture_output=True, cwd=ROOT)
-                elif store == "duckdb":
-                    location += ".duckdb"
-                python = args.ducklake_python if store == "ducklake" else sys.executable
-                row = _run_config(python, store, n, location, dsn)
-                if store == "ducklake":
-                    counts = json.loads(subprocess.run([python, __file__, "--admin", "verify", "--location", location,
-                                                        "--dsn", dsn], check=True, capture_output=True, text=True,
-                                                       cwd=ROOT).stdout)
-                else:
-                    with connect_store(store, path=location, root=location) as con:
-                        counts = _counts(con, f"{SCHEMA}.{TABLE}")
-                row.update(_check(counts, n))
-                results[store].append(row)
-                print(f"{store:9s} {n} writer(s): {row['partitions_per_min']:7.1f} partitions/min  "
-                      f"lock errors {row['lock_errors']}  conflicts {row['conflicts']}  failed {row['failed_writes']}  "
-                      f"rows ok {row['rows_ok']}", flush=True)
+                    location = str(Path(tmp) / f"{store}-{n}-{rep}")
+                    dsn = ""
+                    if store == "ducklake":
+                        pg.create_database(f"lake{n}_{rep}")
+                        dsn = f"dbname=lake{n}_{rep} host={pg.host} port={pg.port} user={pg.user}"
+                        Path(location).mkdir()
+                        subprocess.run([args.ducklake_python, __file__, "--admin", "setup", "--location", location,
+                                        "--dsn", dsn], check=True, capture_output=True, cwd=ROOT)
+                    elif store == "duckdb":
+                        location += ".duckdb"
+                    python = args.ducklake_python if store == "ducklake" else sys.executable
+                    row = _run_config(python, store, n, location, dsn)
+                    if store == "ducklake":
+                        counts = json.loads(subprocess.run(
+                            [python, __file__, "--admin", "verify", "--location", location, "--dsn", dsn],
+                            check=True, capture_output=True, text=True, cwd=ROOT).stdout)
+                    else:
+                        with connect_store(store, path=location, root=location) as con:
+                            counts = _counts(con, f"{SCHEMA}.{TABLE}")
+                    row.update(_check(counts, n), loadavg_1min=round(os.getloadavg()[0], 2))
+                    runs.setdefault((store, n), []).append(row)
+                    print(f"rep {rep} {store:9s} {n} writer(s): {row['partitions_per_min']:7.1f} partitions/min  "
+                          f"lock errors {row['lock_errors']}  conflicts {row['conflicts']}  "
+                          f"failed {row['failed_writes']}  rows ok {row['rows_ok']}  load {row['loadavg_1min']}",
+                          flush=True)
+    results: dict[str, list] = {}
+    for store in ("duckdb", "parquet", "ducklake"):
+        results[store] = []
+        for n in WRITERS:
+            reps = runs.get((store, n))
+            if not reps:
+                results[store].append({"writers": n, "not_run": "no --ducklake-python (needs duckdb 1.5.5 and the "
+                                                                 "duckdb-extension-ducklake/-postgres packages)"})
+                continue
+            rates = sorted(r["partitions_per_min"] for r in reps)
+            results[store].append({
+                "writers": n, "partitions_per_min_median": rates[len(rates) // 2], "partitions_per_min_all": rates,
+                "lock_errors": sum(r["lock_errors"] for r in reps), "conflicts": sum(r["conflicts"] for r in reps),
+                "failed_writes": sum(r["failed_writes"] for r in reps), "writes": sum(r["writes"] for r in reps),
+                "rows_ok_every_rep": all(r["rows_ok"] for r in reps),
+                "rows_lost_or_duplicated": sum(r["rows_lost_or_duplicated"] for r in reps),
+                "loadavg_1min": [r["loadavg_1min"] for r in reps], "errors": [e for r in reps for e in r["errors"]][:3]})
+    for n_i, n in enumerate(WRITERS):
+        base = results["duckdb"][n_i].get("partitions_per_min_median")
+        for store in ("parquet", "ducklake"):
+            row = results[store][n_i]
+            if base and "partitions_per_min_median" in row:
+                row["vs_duckdb_file"] = round(row["partitions_per_min_median"] / base, 2)
     versions = {"duckdb (duckdb, parquet arms)": __import__("duckdb").__version__}
     if args.ducklake_python:
         versions["duckdb (ducklake arm)"] = subprocess.run(
             [args.ducklake_python, "-c", "import duckdb; print(duckdb.__version__)"], capture_output=True,
             text=True).stdout.strip()
     out = {"command": "nice -n 10 .venv/bin/python benchmarks/store.py --ducklake-python <python with duckdb 1.5.5>",
-           "rows_per_partition": ROWS, "partitions_per_writer": PARTS_PER_WRITER, "passes": PASSES,
+           "reps": args.reps, "rows_per_partition": ROWS, "partitions_per_writer": PARTS_PER_WRITER, "passes": PASSES,
            "versions": versions, "loadavg_before": [round(x, 2) for x in load_before],
            "loadavg_after": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "results": results}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    for store, rows in results.items():
+        for row in rows:
+            print(f"{store:9s} {row['writers']} writer(s): median {row.get('partitions_per_min_median', '-')} "
+                  f"partitions/min  x{row.get('vs_duckdb_file', 1.0)} the file  lock errors {row.get('lock_errors', '-')}  "
+                  f"conflicts {row.get('conflicts', '-')}  rows ok {row.get('rows_ok_every_rep', '-')}")
     print(f"wrote {args.out}; load average before {out['loadavg_before']}, after {out['loadavg_after']}")
 
 
