@@ -1,8 +1,13 @@
-"""The DuckDB store: every asset table lives in one DuckDB file (path configurable).
+"""The stores: the embedded DuckDB file (the default) and a multi-writer Parquet store.
 
-The stock dagster-duckdb client deletes a partition's rows and inserts the new ones as two
-auto-committed statements, so a failed insert would lose the old rows. Our client wraps
-each connection in one transaction: a partition is replaced entirely or not at all.
+Embedded: every asset table lives in one DuckDB file (path configurable). The stock
+dagster-duckdb client deletes a partition's rows and inserts the new ones as two auto-committed
+statements, so a failed insert would lose the old rows. Our client wraps each connection in
+one transaction: a partition is replaced entirely or not at all.
+
+Multi-writer (issue 17, below): one Parquet file per partition, replaced atomically. The same
+IO manager (``StoreIOManager``) serves both; ``store`` in its config or ``$FEAR_ASSETS_STORE``
+picks one, and ``connect_store`` reads the same table names from either.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ def duckdb_io_manager(path: str | None = None) -> TransactionalDuckDBPandasIOMan
 #
 # The embedded DuckDB file above admits one writing process, so a cluster that scores several
 # partitions at once needs another store. This one keeps every asset table as a directory of
-# Parquet files, one file per partition (``<root>/<schema>/<table>/family=<f>/depth=<d>/data.parquet``;
+# Parquet files, one file per partition (``<root>/<schema>/<table>/depth=<d>/family=<f>/data.parquet``, dimensions sorted;
 # an unpartitioned table is ``<root>/<schema>/<table>/data.parquet``). A write renders the
 # partition to a temporary name in the same directory, fsyncs it and ``os.replace``s it over
 # the old file: POSIX rename is atomic, so a reader sees the old rows or the new rows, never
