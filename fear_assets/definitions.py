@@ -10,7 +10,7 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from fear_assets.assets import analysis, design, lm, pilot, probes, stimuli
-from fear_assets.resources import ProtocolResource, duckdb_io_manager
+from fear_assets.resources import ProtocolResource, store_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
 all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
@@ -33,7 +33,8 @@ foundation_job = dg.define_asset_job(
 
 def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
     cache = {"cache_dir": protocol_paths["cache_dir"]} if "cache_dir" in protocol_paths else {}
-    return {"io_manager": duckdb_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths),
+    # The IO manager is the only switch between stores: $FEAR_ASSETS_STORE (default: the DuckDB file).
+    return {"io_manager": store_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths),
             "language_model": LanguageModelResource(**cache)}
 
 

@@ -1,18 +1,34 @@
-"""The DuckDB store: every asset table lives in one DuckDB file (path configurable).
+"""The stores: the embedded DuckDB file (the default) and a multi-writer Parquet store.
 
-The stock dagster-duckdb client deletes a partition's rows and inserts the new ones as two
-auto-committed statements, so a failed insert would lose the old rows. Our client wraps
-each connection in one transaction: a partition is replaced entirely or not at all.
+Embedded: every asset table lives in one DuckDB file (path configurable). The stock
+dagster-duckdb client deletes a partition's rows and inserts the new ones as two auto-committed
+statements, so a failed insert would lose the old rows. Our client wraps each connection in
+one transaction: a partition is replaced entirely or not at all.
+
+Multi-writer (issue 17, below): one Parquet file per partition, replaced atomically. The same
+IO manager (``StoreIOManager``) serves both; ``store`` in its config or ``$FEAR_ASSETS_STORE``
+picks one, and ``connect_store`` reads the same table names from either.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
 
-from dagster._core.storage.db_io_manager import DbIOManager
+import duckdb
+import pandas as pd
+from dagster import InputContext, MetadataValue, TableColumn, TableSchema
+from dagster._core.definitions.metadata import TableMetadataSet
+from dagster._core.definitions.partitions.utils import TimeWindow
+from dagster._core.storage.db_io_manager import DbClient, DbIOManager, TableSlice
 from dagster_duckdb.io_manager import DuckDbClient, _get_cleanup_statement
 from dagster_duckdb_pandas import DuckDBPandasIOManager, DuckDBPandasTypeHandler
+from pydantic import Field
 
 from fear_assets.settings import DEFAULT_DUCKDB_PATH
 
@@ -85,3 +101,251 @@ class TransactionalDuckDBPandasIOManager(DuckDBPandasIOManager):
 
 def duckdb_io_manager(path: str | None = None) -> TransactionalDuckDBPandasIOManager:
     return TransactionalDuckDBPandasIOManager(database=path or duckdb_path(), schema=SCHEMA)
+
+
+# --- The multi-writer store: one Parquet file per partition, replaced atomically (issue 17) ---
+#
+# The embedded DuckDB file above admits one writing process, so a cluster that scores several
+# partitions at once needs another store. This one keeps every asset table as a directory of
+# Parquet files, one file per partition (``<root>/<schema>/<table>/depth=<d>/family=<f>/data.parquet``, dimensions sorted;
+# an unpartitioned table is ``<root>/<schema>/<table>/data.parquet``). A write renders the
+# partition to a temporary name in the same directory, fsyncs it and ``os.replace``s it over
+# the old file: POSIX rename is atomic, so a reader sees the old rows or the new rows, never
+# neither nor both, and writers of different partitions touch different files (no lock at all).
+# Reads go through DuckDB views over ``read_parquet``, so a query names the same
+# ``two_facts_one_gate.<table>`` on either store. Selected by ``FEAR_ASSETS_STORE=parquet``
+# (root ``FEAR_ASSETS_PARQUET_ROOT``) or by the IO manager's resource config ``store: parquet``.
+
+
+STORE_ENV = "FEAR_ASSETS_STORE"
+PARQUET_ROOT_ENV = "FEAR_ASSETS_PARQUET_ROOT"
+DEFAULT_PARQUET_ROOT = DEFAULT_DUCKDB_PATH.parent / "parquet"
+STORES = ("duckdb", "parquet")
+PARTITION_FILE = "data.parquet"
+
+
+def store_kind() -> str:
+    """``$FEAR_ASSETS_STORE`` (``duckdb``, the default, or ``parquet``)."""
+    kind = os.environ.get(STORE_ENV, "duckdb")
+    if kind not in STORES:
+        raise ValueError(f"{STORE_ENV}={kind!r}: the store must be one of {', '.join(STORES)}; "
+                         f"unset it for the embedded DuckDB file")
+    return kind
+
+
+def parquet_root() -> str:
+    """``$FEAR_ASSETS_PARQUET_ROOT`` if set, else ``data/parquet``."""
+    return os.environ.get(PARQUET_ROOT_ENV, str(DEFAULT_PARQUET_ROOT))
+
+
+def table_dir(root: str | Path, schema: str, table: str) -> Path:
+    return Path(root) / schema / table
+
+
+def partition_file(root: str | Path, schema: str, table: str, keys: Sequence[tuple[str, str]]) -> Path:
+    """The one file holding a partition: a hive-style directory per dimension (sorted by column)."""
+    d = table_dir(root, schema, table)
+    for column, key in sorted(keys):
+        d = d / f"{quote(column, safe='')}={quote(str(key), safe='')}"
+    return d / PARTITION_FILE
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_parquet_atomically(frame: pd.DataFrame, path: Path, con: duckdb.DuckDBPyConnection | None = None) -> None:
+    """Write ``frame`` to ``path`` so that ``path`` holds either its old content or all of the new.
+
+    Temporary name in the same directory (same filesystem, so the rename is atomic; hidden and
+    not ``*.parquet``, so readers' globs skip it), fsync of the file, ``os.replace``, fsync of the
+    directory (so the rename itself survives a crash)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    own = con is None
+    con = duckdb.connect() if own else con
+    try:
+        con.register("fear_frame", frame)
+        con.execute(f"copy (select * from fear_frame) to '{_sql_path(tmp)}' (format parquet)")
+        con.unregister("fear_frame")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if own:
+            con.close()
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _sql_path(path: Path | str) -> str:
+    return str(path).replace("'", "''")
+
+
+def _slice_keys(table_slice: TableSlice) -> list[tuple[tuple[str, str], ...]]:
+    """Every (column, key) combination a write covers: the product of each dimension's keys,
+    exactly the rows the embedded store's ``col in (...) and ...`` delete would cover."""
+    dims = []
+    for dim in table_slice.partition_dimensions or ():
+        if isinstance(dim.partitions, TimeWindow):
+            raise NotImplementedError(f"table {table_slice.table}: the Parquet store keeps static partitions only; "
+                                      "time-window partitions need the embedded DuckDB store")
+        dims.append([(dim.partition_expr, str(k)) for k in dim.partitions])
+    return list(itertools.product(*dims)) if dims else [()]
+
+
+def split_by_partition(frame: pd.DataFrame, table: str,
+                       combos: Sequence[tuple[tuple[str, str], ...]]) -> dict[tuple[tuple[str, str], ...], pd.DataFrame]:
+    """The rows of ``frame`` belonging to each partition; every row must belong to one."""
+    if combos == [()]:
+        return {(): frame}
+    columns = {c for combo in combos for c, _ in combo}
+    missing = sorted(columns - set(frame.columns))
+    if missing:
+        raise ValueError(f"table {table}: partition_expr column(s) {missing} are not columns of the output; "
+                         "the Parquet store needs partition_expr to name a column (as fear_assets.partitions does)")
+    as_text = {c: frame[c].astype(str) for c in columns}
+    parts, claimed = {}, pd.Series(False, index=frame.index)
+    for combo in combos:
+        mask = pd.Series(True, index=frame.index)
+        for column, key in combo:
+            mask &= as_text[column] == key
+        parts[combo] = frame[mask]
+        claimed |= mask
+    if not claimed.all():
+        stray = frame.loc[~claimed, sorted(columns)].drop_duplicates().head(3).to_dict("records")
+        raise ValueError(f"table {table}: {int((~claimed).sum())} output rows lie outside the partition(s) being "
+                         f"written (e.g. {stray}); fix the asset so it returns only its own partition's rows")
+    return parts
+
+
+def write_table_slice(root: str | Path, table_slice: TableSlice, frame: pd.DataFrame,
+                      con: duckdb.DuckDBPyConnection | None = None) -> int:
+    """Replace the slice's partitions with ``frame``'s rows (one atomic file each); return files written.
+
+    A frame with no columns (nothing to store) removes the slice's files: the same as the
+    embedded store's delete followed by no insert."""
+    combos = _slice_keys(table_slice)
+    if not len(frame.columns):
+        for combo in combos:
+            partition_file(root, table_slice.schema, table_slice.table, combo).unlink(missing_ok=True)
+        return 0
+    parts = split_by_partition(frame, table_slice.table, combos)
+    for combo, rows in parts.items():
+        write_parquet_atomically(rows.reset_index(drop=True),
+                                 partition_file(root, table_slice.schema, table_slice.table, combo), con)
+    return len(parts)
+
+
+def create_views(con: duckdb.DuckDBPyConnection, root: str | Path, schema: str,
+                 tables: Sequence[str] | None = None) -> list[str]:
+    """Views ``<schema>.<table>`` over each table's Parquet files (all tables when ``tables`` is None).
+
+    ``union_by_name`` so partitions written before and after a column was added still read;
+    the partition columns are in the files themselves, so hive parsing of the paths is off."""
+    con.execute(f"create schema if not exists {schema}")
+    base = Path(root) / schema
+    names = tables if tables is not None else (sorted(p.name for p in base.iterdir() if p.is_dir())
+                                               if base.is_dir() else [])
+    made = []
+    for name in names:
+        d = base / name
+        if not d.is_dir() or next(d.rglob("*.parquet"), None) is None:
+            continue
+        con.execute(f"create or replace view {schema}.{name} as select * from read_parquet("
+                    f"'{_sql_path(d)}/**/*.parquet', union_by_name = true, hive_partitioning = false)")
+        made.append(name)
+    return made
+
+
+class ParquetDbClient(DbClient):
+    """DbClient over the Parquet dataset: a private in-memory DuckDB per call, with views."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    @contextmanager
+    def connect(self, context, table_slice) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = duckdb.connect()
+        try:
+            if isinstance(context, InputContext):  # a write needs no view (and would read every file's footer)
+                create_views(con, self.root, table_slice.schema, [table_slice.table])
+            yield con
+        finally:
+            con.close()
+
+    @staticmethod
+    def ensure_schema_exists(context, table_slice, connection) -> None:
+        connection.execute(f"create schema if not exists {table_slice.schema}")
+
+    @staticmethod
+    def delete_table_slice(context, table_slice, connection) -> None:
+        # Nothing to delete first: the write replaces each partition's file atomically.
+        return None
+
+    @staticmethod
+    def get_select_statement(table_slice: TableSlice) -> str:
+        return DuckDbClient.get_select_statement(table_slice)
+
+
+class ParquetPandasTypeHandler(DuckDBPandasTypeHandler):
+    """Writes a DataFrame as one Parquet file per partition; reads like the DuckDB handler."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def handle_output(self, context, table_slice, obj, connection):
+        write_table_slice(self.root, table_slice, obj, connection)
+        rows = TableMetadataSet(partition_row_count=obj.shape[0], storage_kind="parquet") if context.has_partition_key \
+            else TableMetadataSet(row_count=obj.shape[0], storage_kind="parquet")
+        context.add_output_metadata({
+            **rows,
+            "dataframe_columns": MetadataValue.table_schema(
+                TableSchema(columns=[TableColumn(name=str(n), type=str(t)) for n, t in obj.dtypes.items()])),
+        })
+
+
+class StoreIOManager(TransactionalDuckDBPandasIOManager):
+    """The project's IO manager: ``store: duckdb`` (default, the embedded file, one writer) or
+    ``store: parquet`` (one atomically replaced Parquet file per partition, many writers).
+    Asset code is the same on both; only this resource's configuration differs."""
+
+    store: str = Field(default="duckdb", description="duckdb (the embedded file) or parquet (multi-writer)")
+    parquet_root: str | None = Field(default=None, description="root directory of the Parquet store")
+
+    def create_io_manager(self, context) -> DbIOManager:
+        if self.store == "duckdb":
+            return super().create_io_manager(context)
+        if self.store != "parquet":
+            raise ValueError(f"io_manager config store={self.store!r}: use 'duckdb' or 'parquet'")
+        root = self.parquet_root or parquet_root()
+        return DbIOManager(db_client=ParquetDbClient(root), database=root, schema=self.schema_,
+                           type_handlers=[ParquetPandasTypeHandler(root)], default_load_type=pd.DataFrame,
+                           io_manager_name="ParquetIOManager")
+
+
+def store_io_manager(path: str | None = None, store: str | None = None, root: str | None = None) -> StoreIOManager:
+    """The IO manager the definitions use: the embedded DuckDB file unless ``$FEAR_ASSETS_STORE``
+    (or ``store``) says ``parquet``."""
+    return StoreIOManager(database=path or duckdb_path(), schema=SCHEMA, store=store or store_kind(),
+                          parquet_root=root or parquet_root())
+
+
+@contextmanager
+def connect_store(store: str | None = None, path: str | None = None,
+                  root: str | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only DuckDB connection where ``two_facts_one_gate.<table>`` reads either store."""
+    if (store or store_kind()) == "duckdb":
+        con = duckdb.connect(path or duckdb_path(), read_only=True)
+    else:
+        con = duckdb.connect()
+        create_views(con, root or parquet_root(), SCHEMA)
+    try:
+        yield con
+    finally:
+        con.close()
