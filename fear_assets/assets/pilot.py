@@ -128,7 +128,7 @@ def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> d
     short = matched_frames.groupby("fear")["frames_to_write"].max()
     short = short[short > 0]
     tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
-    not_equivalent = tost[tost["tost_p"] >= alpha]
+    not_equivalent = tost[~(tost["tost_p"] < alpha)]  # NaN (fewer than two frames) is not equivalence
     problems = [f"write {n} new frame(s) for {fear}" for fear, n in short.items()]
     if tost.empty:
         problems.append("no frame is retained, so the bank-level equivalence cannot be tested")

@@ -26,6 +26,10 @@ GRID_COLUMNS = [
 ]
 
 
+#: The in-context binding documents are built on the primary cells (4.2: every role x content).
+BINDING_CELLS = "primary"
+
+
 # ---------------------------------------------------------------------------------------
 # Registered rules (4.3, 4.5, 4.8): pure functions of the registered settings
 # ---------------------------------------------------------------------------------------
@@ -214,7 +218,7 @@ def _expand_binding(settings: ProtocolSettings, family: Family, block: Block, it
     if not depths or not items:
         return []
     n = int(settings.design["binding_in_context_documents"])
-    cells = settings.cell_set("primary")
+    cells = settings.cell_set(BINDING_CELLS)
     agents = list(dict.fromkeys(a for a, _ in cells))
     contents = list(dict.fromkeys(c for _, c in cells))
     rotations = sorted(settings.rotations)

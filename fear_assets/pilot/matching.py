@@ -4,7 +4,8 @@ A frame is retained only if, under each of the three rotations and both content 
 (a) its threat and harmless versions (for every agent) and (b) each pair of its self, peer
 and person versions (for both contents) differ in mean non-name surprisal by no more than
 the registered tolerance (0.10 nats/token). Across the retained bank the mean differences
-must be equivalent to zero within +-0.05 by two one-sided tests (statsmodels). A failing
+must be equivalent to zero within +-0.05 by two one-sided tests (statsmodels), one mean
+difference per frame. A failing
 confirmatory frame is replaced by the lowest-numbered passing reserve frame of its fear;
 a fear left with fewer confirmatory frames than registered is reported with how many frames
 to write.
@@ -76,12 +77,21 @@ def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_
 
 
 def equivalence(differences: pd.DataFrame, retained: set[str], bound: float) -> pd.DataFrame:
-    """TOST per comparison type across the retained frames: H0 |mean| >= bound."""
+    """TOST per comparison type across the retained frames: H0 |mean| >= bound.
+
+    4.3: "Across the retained bank, the mean differences must also be equivalent to zero".
+    The unit is the frame: a frame's rotations, options (and, for an agent pair, its two
+    contents) are repeated readings of one written frame, not independent samples, so each
+    frame contributes one mean difference per comparison and the test has one observation
+    per retained frame (``n`` = frames). With fewer than two frames the test is undefined
+    (p is NaN) and so never passes."""
     d = differences[differences["item_id"].isin(retained)]
+    kind = d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)
+    per_frame = d.assign(kind=kind).groupby(["kind", "item_id"], sort=True)["difference"].mean()
     rows = []
-    for comparison, part in d.groupby(d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)):
-        stats = DescrStatsW(part["difference"].to_numpy())
-        p_value, _, _ = stats.ttost_mean(-bound, bound)
-        rows.append({"comparison": comparison, "n": len(part), "mean_difference": float(stats.mean),
-                     "tost_p": float(p_value)})
+    for comparison, part in per_frame.groupby(level="kind", sort=True):
+        values = part.to_numpy()
+        p_value = float(DescrStatsW(values).ttost_mean(-bound, bound)[0]) if len(values) > 1 else float("nan")
+        rows.append({"comparison": comparison, "n": len(values), "mean_difference": float(values.mean()),
+                     "tost_p": p_value})
     return pd.DataFrame(rows, columns=TOST_COLUMNS)
