@@ -2,7 +2,11 @@
 (protocol 4.2, 4.3, 4.7). Each test fails on the code before the correction."""
 
 import itertools
+import json
+from pathlib import Path
 
+import dagster as dg
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +15,7 @@ from fear_assets.design.accounting import trial_accounting
 from fear_assets.design.masking import assignment_key, mask
 from fear_assets.design.trials import build_grid, registered_selection
 from fear_assets.pilot.matching import equivalence, frame_differences
+from fear_assets.resources.models import LanguageModelResource
 
 from fear_assets_tests.conftest import EMBEDDED
 
@@ -86,3 +91,84 @@ def test_audit_tost_frame_level():
     # One frame: the test is undefined and so never passes.
     one = equivalence(diffs, {"A-03"}, 0.05)
     assert one["tost_p"].isna().all()
+
+
+# ---------------------------------------------------------------------------------------
+# Item 7: sentence surprisal uses the name gate's selection, like the documents
+# ---------------------------------------------------------------------------------------
+#: A selection other than the first five in registered order (as if Orin failed the gate).
+GATE_SELECTION = ["Tavi", "Kemi", "Sora", "Pell", "Nami"]
+
+
+class TinyLanguageModel(LanguageModelResource):
+    """The embedded tokenizer with a tiny random model: the asset's wiring, not the model, is tested."""
+
+    def load(self, spec):
+        import torch
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        from fear_assets.lm.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(spec.checkpoint, Path(self.cache_dir))
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)
+        return AutoModelForCausalLM.from_config(config).eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def gate_store(tmp_path_factory, settings, smol_tokenizer):
+    """frame_bank, a name_gate whose stored selection is GATE_SELECTION and sentence_surprisal
+    of the embedded family, through Dagster and DuckDB."""
+    from fear_assets.definitions import all_assets, all_checks, resources
+    from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX
+    from fear_assets.resources.store import SCHEMA
+
+    tmp = tmp_path_factory.mktemp("gate_store")
+    db, cache = str(tmp / "store.duckdb"), str(tmp / "cache")
+    # The session's embedded tokenizer, saved where load_tokenizer looks (saves its GGUF extraction).
+    checkpoint = settings.family(EMBEDDED).tested
+    smol_tokenizer.save_pretrained(Path(cache) / "tokenizers" /
+                                   checkpoint[len(GGUF_PACKAGE_PREFIX):].replace(".gguf", ""))
+    res = {**resources(db, cache_dir=cache), "language_model": TinyLanguageModel(cache_dir=cache)}
+    instance = dg.DagsterInstance.ephemeral()
+
+    def run(selection, key=None):
+        return dg.materialize([*all_assets, *all_checks], selection=selection, partition_key=key, instance=instance,
+                              resources=res)
+
+    run(["frame_bank"])
+    # The stored gate outcome (its columns that later assets read), written directly: running
+    # the gate itself costs about 20 s here and is tested in test_name_gate / test_dagster.
+    gate = pd.DataFrame({"family": EMBEDDED, "name": list(settings.names), "selected_names": json.dumps(GATE_SELECTION),
+                         "gate_passed": True})
+    with duckdb.connect(db) as con:
+        con.execute(f"create schema if not exists {SCHEMA}")
+        con.execute(f"create table {SCHEMA}.name_gate as select * from gate")
+    run(["sentence_surprisal"], EMBEDDED)
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(f"select * from {SCHEMA}.sentence_surprisal").df()
+
+
+def test_audit_selected_names_in_surprisal(gate_store, settings):
+    """4.2/4.3: sentence surprisal (and so matching, its TOST and the surprisal covariates)
+    is measured with the name gate's selection, the names the documents carry; it used the
+    first five names in registered order."""
+    from fear_assets.design.documents import role_names
+
+    surprisal = gate_store
+    agents = surprisal[surprisal["agent"].isin(["self", "peer", "person"])]
+    assert not agents["sentence"].str.contains(r"\bOrin\b").any()
+    for rotation, part in agents.groupby("rotation"):
+        names = role_names(settings, GATE_SELECTION, int(rotation))
+        for agent in ("self", "peer", "person"):
+            assert part.loc[part["agent"] == agent, "sentence"].str.startswith(names[agent] + " ").all()
+    # The name token(s) are located in the selected name, so the non-name statistic excludes it.
+    assert (agents["n_name_tokens"] >= 1).all()
+    from fear_assets.lm.surprisal import require_same_names, surprisal_names
+
+    assert surprisal_names(surprisal) == GATE_SELECTION
+    require_same_names(surprisal, GATE_SELECTION, "test")  # the names the documents carry (trial_table)
+    # A table measured with other names is refused where surprisal meets the documents.
+    with pytest.raises(ValueError, match="re-materialise sentence_surprisal"):
+        require_same_names(surprisal, list(settings.names[:5]), "posteriors")

@@ -16,6 +16,7 @@ from fear_assets.pilot.zero_preference import (within, zero_preference_failures,
 from fear_assets.resources.models import LanguageModelResource
 
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.lm.name_gate import selected_names
 from fear_assets.pilot.depth_rules import depth_band, h5_depth
 from fear_assets.pilot.matching import TOST_COLUMNS, equivalence, frame_differences, frame_verdicts, select_frames
 from fear_assets.pilot.report_rule import mentions, partner_keywords
@@ -187,7 +188,7 @@ def zero_preference(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     lie within the registered band. Failing items are listed for rewriting."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    names = json.loads(name_gate["selected_names"].iloc[0])
+    names = selected_names(name_gate)
     spec, builder = _builder(protocol, language_model, family_key, names)
     questions = zero_preference_questions(builder, [bank.item(i) for i in _candidates(settings, bank, family_key)])
     started = time.perf_counter()
@@ -250,7 +251,7 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     rule = settings.section("binding")
-    names = json.loads(name_gate["selected_names"].iloc[0])
+    names = selected_names(name_gate)
     spec, builder = _builder(protocol, language_model, family_key, names)
     ids = _candidates(settings, bank, family_key)
     checks = single_sentence_checks(ids, settings.rotations, names[:3], expected=dict(rule["expected_letter"]),
@@ -525,7 +526,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     ctrl = probe_controls[probe_controls["frame_set"] == "pilot"]
     gates = {
         "name_gate (4.2)": {"passed": bool(name_gate["gate_passed"].iloc[0]),
-                            "numbers": {"selected": ", ".join(json.loads(name_gate["selected_names"].iloc[0]))},
+                            "numbers": {"selected": ", ".join(selected_names(name_gate))},
                             "message": "five registered names single-token in every tokenizer" if bool(name_gate["gate_passed"].iloc[0])
                             else "fewer than five names are single tokens everywhere; the registered-order names stand in"},
         "matching (4.3)": {"passed": bool(matching_short.max() == 0 and not tost.empty and (tost["tost_p"] < alpha).all()),
@@ -563,7 +564,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
         "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
-        "selected_names": json.loads(name_gate["selected_names"].iloc[0]), "selected_frames": frames,
+        "selected_names": selected_names(name_gate), "selected_frames": frames,
         "replacements": replacements, "depth_band": [int(x) for x in str(p0["depth_band"]).split(",")],
         "band_rule": str(p0["band_rule"]), "h5_depth": int(p0["h5_depth"]), "h5_rule": str(p0["h5_rule"]),
         "pilot_sigma": round(float(pilot_controls["pilot_sigma"].iloc[0]), 6),

@@ -6,6 +6,7 @@ Matching uses only these statistics, so it cannot absorb any effect of a documen
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import pandas as pd
@@ -15,7 +16,7 @@ from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.stimuli.bank import Item
 
 SURPRISAL_COLUMNS = ["family", "item_id", "fear", "frame_set", "rotation", "agent", "content", "option", "sentence",
-                     "n_tokens", "n_name_tokens", "name_nll", "rest_nll"]
+                     "n_tokens", "n_name_tokens", "name_nll", "rest_nll", "selected_names"]
 
 
 def sentence_requests(builder: DocumentBuilder, items: Sequence[Item]) -> list[dict]:
@@ -79,4 +80,23 @@ def sentence_surprisal(engine: TeacherForcedEngine, tokenizer, builder: Document
         log(f"surprisal: rotation {rotation} done ({len(group)} sentences)")
     table = pd.DataFrame(rows)
     table.insert(0, "family", builder.family_key)
+    table["selected_names"] = json.dumps(list(builder.names))  # which names the statistics were measured with
     return table[SURPRISAL_COLUMNS]
+
+
+def surprisal_names(surprisal: pd.DataFrame) -> list[str]:
+    """The selected names a sentence_surprisal table was measured with."""
+    stored = set(surprisal["selected_names"])
+    if len(stored) != 1:
+        raise ValueError(f"the sentence_surprisal table holds {len(stored)} name selections; "
+                         "re-materialise sentence_surprisal for this family")
+    return list(json.loads(stored.pop()))
+
+
+def require_same_names(surprisal: pd.DataFrame, names: Sequence[str], where: str) -> None:
+    """Surprisal statistics (matching, covariates) must be measured with the names the
+    documents carry (4.2, 4.3): refuse a table measured with other names."""
+    measured = surprisal_names(surprisal)
+    if measured != list(names):
+        raise ValueError(f"{where}: sentence_surprisal was measured with names {measured} but the documents carry "
+                         f"{list(names)}; re-materialise sentence_surprisal after name_gate")
