@@ -12,7 +12,7 @@ import pandas as pd
 
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.documents import DocumentBuilder
-from fear_assets.design.trials import candidate_frames
+from fear_assets.design.trials import candidate_frames, surprisal_items
 from fear_assets.hashing import sha256_file, sha256_obj
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import manifest, manifest_digest, registry
@@ -133,14 +133,16 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
     """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
     once after the system prompt with no document, under the tested checkpoint; mean
     per-token NLL of the name token(s) and of the rest, per rotation and content option.
-    Covers the design's frames and every reserve frame (candidates for replacement). Names
-    are the name gate's selection, the same names the documents carry (4.2)."""
+    Covers the design's frames, every reserve frame (candidates for replacement) and the
+    design's secondary-class events (agentless: one sentence per option and rotation, matched
+    to the agent frames). Names are the name gate's selection, the same names the documents
+    carry (4.2)."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     family = settings.family(family_key)
     spec = registry(settings, family_key)["tested"]
     model, tokenizer = language_model.load(spec)
-    ids = candidate_frames(settings, bank, family)
+    ids = surprisal_items(settings, bank, family)
     builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"tested": tokenizer})
     started = time.perf_counter()
     table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],

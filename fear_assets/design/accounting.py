@@ -25,7 +25,7 @@ def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) ->
     if block.kind == "no_agent":
         return f"{n_frames} {unit} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
     n_cells = len(settings.cell_set(block.cells))
-    return f"{n_frames} {unit} x {n_cells} cells x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+    return f"{n_frames} {unit} x {n_cells} {'cell' if n_cells == 1 else 'cells'} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
 
 
 def binding_codes_off(codes: pd.Series, n_cells: int) -> int:

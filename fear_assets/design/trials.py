@@ -127,6 +127,14 @@ def candidate_frames(settings: ProtocolSettings, bank: Bank, family: Family) -> 
     return list(dict.fromkeys([*frames, *rewrites]))
 
 
+def surprisal_items(settings: ProtocolSettings, bank: Bank, family: Family) -> list[str]:
+    """Every item whose document-independent surprisal the tested checkpoint measures (4.3):
+    the candidate frames and the design's secondary-class events (matched to the frames)."""
+    selection = registered_selection(settings, bank, family)
+    events = [i for cls in settings.bank_rules["event_classes"] for i in selection.ids(cls)]
+    return [*candidate_frames(settings, bank, family), *events]
+
+
 # ---------------------------------------------------------------------------------------
 # Block expansion
 # ---------------------------------------------------------------------------------------

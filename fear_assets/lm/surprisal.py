@@ -13,6 +13,7 @@ import pandas as pd
 
 from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence, role_names
 from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.settings import NO_AGENT
 from fear_assets.stimuli.bank import Item
 
 SURPRISAL_COLUMNS = ["family", "item_id", "fear", "frame_set", "rotation", "agent", "content", "option", "sentence",
@@ -20,14 +21,23 @@ SURPRISAL_COLUMNS = ["family", "item_id", "fear", "frame_set", "rotation", "agen
 
 
 def sentence_requests(builder: DocumentBuilder, items: Sequence[Item]) -> list[dict]:
-    """Every (item, rotation, agent, content, option) sentence and every partner sentence."""
+    """Every (item, rotation, agent, content, option) sentence and every partner sentence;
+    a secondary-class event has one agentless sentence per option."""
     settings, t = builder.settings, builder.templates
     out = []
     for rotation in sorted(settings.rotations):
         names = role_names(settings, builder.names, rotation)
         for item in items:
-            contents = list(item.verbs["assistant"])
-            for agent in ("self", "peer", "person"):
+            if item.kind == "event":
+                # 4.3: an event has no agent; under each rotation only the system prompt
+                # differs, and the whole sentence is its non-name part. Agent and content
+                # are those of the class's one cell, so the table joins the trial rows.
+                for option in (1, 2):
+                    out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
+                                "agent": NO_AGENT, "content": item.group, "option": option, "name": "",
+                                "sentence": item.render(option)})
+            contents = list(item.verbs.get("assistant", {}))
+            for agent in ("self", "peer", "person") if item.kind == "frame" else ():
                 for content in contents:
                     for option in (1, 2):
                         out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
