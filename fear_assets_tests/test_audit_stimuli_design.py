@@ -172,3 +172,176 @@ def test_audit_selected_names_in_surprisal(gate_store, settings):
     # A table measured with other names is refused where surprisal meets the documents.
     with pytest.raises(ValueError, match="re-materialise sentence_surprisal"):
         require_same_names(surprisal, list(settings.names[:5]), "posteriors")
+
+
+# ---------------------------------------------------------------------------------------
+# Item 8: the secondary classes have no agent, one cell per class, and are matched
+# ---------------------------------------------------------------------------------------
+def test_audit_secondary_events_agentless(settings, bank):
+    """4.3: "generic aversive events with no agent ... and surprise-only events": no agent,
+    verb or first-person slot in the bank; each keeps its two-option content slot."""
+    assert len(bank.events) == 40
+    for event in bank.events:
+        assert event.kind == "event" and not event.verbs and not event.first_person and not event.clause
+        assert "{agent}" not in event.sentence and "{agent}" not in event.question
+        assert "verbs" not in event.as_record() and "first_person" not in event.as_record()
+        one, two = event.render(1), event.render(2)
+        assert one != two and event.content_options[0] in one and event.content_options[1] in two
+        assert not any(name in one.split() for name in settings.names)
+    roof = next(e for e in bank.events if "warehouse roof will collapse" in e.sentence)
+    assert roof.group == "generic_aversive"
+
+
+def test_audit_secondary_events_reject_an_agent(bank_copy, settings):
+    """An event written with an agent slot or a verb table is refused, naming the fix."""
+    import yaml
+
+    from fear_assets.errors import BankError
+    from fear_assets.stimuli.bank import load_bank
+
+    path = bank_copy / "events" / "surprise_only.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["events"][0]["sentence"] = "{agent} will receive a crate of live snails at {content}."
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(BankError, match="SUR-01.*sentence.*agent"):
+        load_bank(bank_copy, settings)
+    doc["events"][0]["sentence"] = "A crate of live snails will arrive at {content}."
+    doc["events"][0]["verbs"] = {"assistant": "receive", "person": "receive"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(BankError, match="events have no agent"):
+        load_bank(bank_copy, settings)
+
+
+def test_audit_secondary_events_single_cell(settings, bank):
+    """One cell per class (no agent): 20 events x 1 cell x 3 rotations x 2 orders x 8 depths
+    = 960 trials per class, one condition code per class, the option rule balanced within
+    each event and depth, and the closed accounting closed with every block at its formula."""
+    from fear_assets_tests.conftest import PRIMARY
+
+    grid = build_grid(settings, bank, PRIMARY)
+    key = assignment_key(settings, PRIMARY)
+    table = mask(grid, key)
+    accounting = trial_accounting(settings, PRIMARY, registered_selection(settings, bank, settings.family(PRIMARY)),
+                                  table).set_index("block")
+    assert (accounting["status"] == "ok").all(), accounting[accounting["status"] != "ok"]
+    assert accounting.loc["TOTAL", "actual_rows"] == len(grid) == accounting.drop("TOTAL")["actual_rows"].sum()
+    for cls in ("generic_aversive", "surprise_only"):
+        block = grid[grid.block == f"secondary_{cls}"]
+        assert len(block) == 20 * 1 * 3 * 2 * 8
+        assert set(zip(block.agent, block.content, block.cell_index)) == {("none", cls, 1)}
+        row = accounting.loc[f"secondary_{cls}"]
+        assert row.codes == 1 and row.formula == "20 events x 1 cell x 3 rotations x 2 orders x 8 depths"
+        assert accounting.loc[f"secondary_{cls}_baseline", "actual_rows"] == 20 * 3 * 8
+        shown = block.groupby(["item_id", "depth_index"]).content_option.agg(lambda s: (s == 1).sum())
+        assert (shown == 3).all()
+    # The total follows: 196,720 under three agent cells, less 2 x (2,880 - 960).
+    assert len(grid) == 196_720 - 2 * (2_880 - 960)
+    # A settings file that gives a class an agent cell again is refused.
+    import yaml
+
+    from fear_assets.errors import SettingsError
+    from fear_assets.settings import validate_settings
+
+    raw = yaml.safe_load(open(settings.path))
+    raw["design"]["cell_sets"]["surprise_only"] = [["self", "surprise_only"], ["peer", "surprise_only"]]
+    with pytest.raises(SettingsError, match="have no agent"):
+        validate_settings(raw, settings.path)
+
+
+def test_audit_secondary_event_documents(settings, bank, smol_tokenizer):
+    """An event document carries the event sentence without a name; under the three
+    rotations only the names (system prompt and task context) differ; reports have no agent."""
+    from fear_assets.design.documents import DocumentBuilder, role_names
+
+    grid = build_grid(settings, bank, EMBEDDED, depth_indices=[1])
+    builder = DocumentBuilder(settings, bank, EMBEDDED, GATE_SELECTION, {"tested": smol_tokenizer,
+                                                                        "judge": smol_tokenizer})
+    block = grid[(grid.block == "secondary_generic_aversive") & (grid.order == 1)]
+    first = block[block.item_id == block.item_id.iloc[0]]
+    texts = {}
+    for row in first.to_dict("records"):
+        rendered = builder.render(row)
+        item = bank.item(row["item_id"])
+        sentence = item.render(row["content_option"])
+        assert sentence in rendered["prefix_text"]
+        reports = json.loads(rendered["continuations"])["agent"]
+        assert reports["name"] == reports["role"] and reports["quotation"] == sentence
+        assert item.question in rendered["forced_choice_prompt"]
+        text = rendered["prefix_text"].replace(sentence, "<EVENT>")
+        names = role_names(settings, GATE_SELECTION, row["rotation"])
+        for role in ("self", "peer", "person"):
+            text = text.replace(names[role], f"<{role}>")
+        texts[row["rotation"]] = text
+    assert len(texts) == 3 and len(set(texts.values())) == 1
+
+
+def _event_surprisal(event_nll: dict[str, float], frame_nll: float = 4.0) -> pd.DataFrame:
+    rows = []
+    for rot, opt, agent, content in itertools.product((1, 2, 3), (1, 2), ("self", "peer", "person"),
+                                                      ("threat", "harmless")):
+        rows.append({"item_id": "A-03", "fear": "a", "frame_set": "confirmatory", "rotation": rot, "option": opt,
+                     "agent": agent, "content": content, "rest_nll": frame_nll + 0.02 * rot})
+    for item, value in event_nll.items():
+        cls = "generic_aversive" if item.startswith("AVE") else "surprise_only"
+        for rot, opt in itertools.product((1, 2, 3), (1, 2)):
+            rows.append({"item_id": item, "fear": cls, "frame_set": cls, "rotation": rot, "option": opt,
+                         "agent": "none", "content": cls, "rest_nll": value + 0.02 * rot})
+            rows.append({"item_id": item, "fear": cls, "frame_set": cls, "rotation": rot, "option": opt,
+                         "agent": "partner", "content": "partner", "rest_nll": 9.0})
+    return pd.DataFrame(rows)
+
+
+def test_audit_secondary_events_matched(settings):
+    """4.3: each event is matched "to the agent frames within 0.10 nats per token": its
+    surprisal, under each rotation's system prompt and for both options, within 0.10 of
+    the retained agent frames' mean under the same rotation (boundary inclusive)."""
+    from fear_assets.pilot.matching import event_differences, event_verdicts, matching_problems
+
+    classes = settings.bank_rules["event_classes"]
+    tol = float(settings.section("matching")["max_abs_difference"])
+    table = _event_surprisal({"AVE-01": 4.10, "AVE-02": 3.8999, "SUR-01": 4.0})
+    diffs = event_differences(table, {"A-03"}, classes)
+    assert len(diffs) == 3 * 3 * 2  # events x rotations x options; partners are not events
+    assert diffs["difference"].round(9).isin([0.1, -0.1001, 0.0]).all()  # the rotation is paired
+    verdicts = event_verdicts(diffs, tol).set_index("item_id")
+    assert verdicts.loc["AVE-01", "passes"] and verdicts.loc["SUR-01", "passes"]
+    assert not verdicts.loc["AVE-02", "passes"]
+    # Frames that are not retained do not enter the reference; with none the events fail.
+    assert not event_verdicts(event_differences(table, set(), classes), tol)["passes"].any()
+    # The matching gate names the event to rewrite.
+    matched = pd.DataFrame({"fear": ["a"], "frames_to_write": [0],
+                            "tost": [pd.DataFrame([{"comparison": "x", "n": 10, "mean_difference": 0.0,
+                                                    "tost_p": 0.001}]).to_json(orient="records")],
+                            "event_matching": [verdicts.reset_index().to_json(orient="records")]})
+    problems = matching_problems(matched, 0.05)
+    assert len(problems) == 1 and "rewrite event AVE-02" in problems[0]
+
+
+def test_audit_secondary_events_in_surprisal(gate_store):
+    """The sentence_surprisal asset measures the design's events: one agentless sentence per
+    option under each rotation's system prompt (no name token), beside the frames."""
+    surprisal = gate_store
+    events = surprisal[surprisal["frame_set"].isin(["generic_aversive", "surprise_only"])]
+    sentences = events[events["agent"] == "none"]
+    assert sorted(sentences["item_id"].unique()) == ["AVE-01", "AVE-02", "SUR-01", "SUR-02"]
+    assert len(sentences) == 4 * 3 * 2 and (sentences["n_name_tokens"] == 0).all()
+    assert (sentences["content"] == sentences["frame_set"]).all() and sentences["rest_nll"].notna().all()
+    assert not sentences["sentence"].str.contains("|".join(GATE_SELECTION)).any()
+    assert (events["agent"] == "partner").sum() == 4 * 3 * 2
+
+
+def test_audit_secondary_class_estimands_single_cell(settings, bank):
+    """analysis.secondary.class_rows reads the new one-cell blocks: one estimate per class
+    over all of its trials, and the surprise-only versus generic-aversive comparison."""
+    from fear_assets.analysis.secondary import class_rows
+
+    grid = build_grid(settings, bank, EMBEDDED)
+    blocks = grid[grid.block.isin(["secondary_generic_aversive", "secondary_surprise_only"])].copy()
+    rng = np.random.default_rng(5)
+    blocks["delta"] = np.where(blocks.block == "secondary_generic_aversive", 0.4, 0.1) + rng.normal(0, 0.05, len(blocks))
+    rows = {r["contrast"]: r for r in class_rows(blocks, "", 0.99, 0.15)}
+    for cls, mean in (("generic_aversive", 0.4), ("surprise_only", 0.1)):
+        assert rows[f"class_{cls}"]["status"] == "descriptive"
+        assert f"over {2 * 1 * 3 * 2 * 2} trials" in rows[f"class_{cls}"]["note"]
+        assert rows[f"class_{cls}"]["mean"] == pytest.approx(mean, abs=0.03)
+    assert rows["surprise_only_matches_threat"]["mean"] == pytest.approx(-0.3, abs=0.04)
