@@ -157,7 +157,11 @@ def matching_problems(matched: pd.DataFrame, alpha: float) -> list[str]:
     problems += [f"mean difference {r.comparison} not shown within the bound (TOST p = {r.tost_p:.3f} over {r.n} frames)"
                  for r in tost[~(tost["tost_p"] < alpha)].itertuples()]
     events = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]), columns=EVENT_VERDICT_COLUMNS)
+    failing = events[~events["passes"].astype(bool)]
+    unmatched = failing[failing["max_abs_difference"].isna()]
+    if len(unmatched):
+        problems.append(f"{len(unmatched)} event(s) cannot be matched: no agent frame is retained to match them to")
     problems += [f"rewrite event {r.item_id}: its surprisal differs from the agent frames' mean by "
                  f"{r.max_abs_difference:.3f} nats/token (rotation {r.worst_rotation}, option {r.worst_option})"
-                 for r in events[~events["passes"].astype(bool)].itertuples()]
+                 for r in failing[failing["max_abs_difference"].notna()].itertuples()]
     return problems
