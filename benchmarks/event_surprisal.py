@@ -2,7 +2,7 @@
 
 Run (from the repository root; the machine is shared, so at low priority):
 
-    OMP_NUM_THREADS=2 nice -n 10 .venv/bin/python benchmarks/event_surprisal.py
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/event_surprisal.py
 
 What it times, side by side in one process on SmolLM2-135M-Instruct (CPU, float32, the
 embedded checkpoint the main job loads), with ``fear_assets.lm.surprisal.sentence_surprisal``
@@ -13,7 +13,7 @@ embedded checkpoint the main job loads), with ``fear_assets.lm.surprisal.sentenc
   events   the embedded design's events (2 per class): 4 events x 3 rotations x (2 + 2 partner)
   all 40   every event of the bank (a registered family's design): 40 x 3 x (2 + 2)
 
-Each arm runs ``--repeats`` times in turn (frames, events, all 40, frames, ...) so they see
+Each arm runs ``--repeats`` times (default 1) in turn (frames, events, all 40, frames, ...) so they see
 the same load; the fastest repetition of each is reported, with the uptime load beside it.
 Writes ``benchmarks/results/event_surprisal.json`` (the Markdown section in RESULTS.md is
 written by hand from it).
@@ -45,9 +45,9 @@ FAMILY = "smollm2-135m"
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     settings, bank = load_settings(), load_bank()
     family = settings.family(FAMILY)
     started = time.perf_counter()
@@ -70,6 +70,7 @@ def main() -> None:
         for arm, items in arms.items():
             t0 = time.perf_counter()
             tables[arm] = sentence_surprisal(engine, tokenizer, builder, items)
+            print(f"{arm}: {len(tables[arm])} sentences in {time.perf_counter() - t0:.1f} s", flush=True)
             elapsed = time.perf_counter() - t0
             best[arm] = min(best.get(arm, float("inf")), elapsed)
             sentences[arm] = len(tables[arm])
