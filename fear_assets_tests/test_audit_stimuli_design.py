@@ -146,8 +146,13 @@ def gate_store(tmp_path_factory, settings, smol_tokenizer):
         con.execute(f"create schema if not exists {SCHEMA}")
         con.execute(f"create table {SCHEMA}.name_gate as select * from gate")
     run(["sentence_surprisal"], EMBEDDED)
+    matched = run(["base_sentence_surprisal", "matched_frames"], EMBEDDED)
+    (gate,) = [e for e in matched.get_asset_check_evaluations() if e.check_name == "matching_gate"]
     with duckdb.connect(db, read_only=True) as con:
-        return con.execute(f"select * from {SCHEMA}.sentence_surprisal").df()
+        surprisal = con.execute(f"select * from {SCHEMA}.sentence_surprisal").df()
+        surprisal.attrs["matched_frames"] = con.execute(f"select * from {SCHEMA}.matched_frames").df()
+    surprisal.attrs["matching_gate"] = gate
+    return surprisal
 
 
 def test_audit_selected_names_in_surprisal(gate_store, settings):
@@ -328,6 +333,17 @@ def test_audit_secondary_events_in_surprisal(gate_store):
     assert (sentences["content"] == sentences["frame_set"]).all() and sentences["rest_nll"].notna().all()
     assert not sentences["sentence"].str.contains("|".join(GATE_SELECTION)).any()
     assert (events["agent"] == "partner").sum() == 4 * 3 * 2
+    # matched_frames matches them to the retained frames and its gate names what fails.
+    matched = surprisal.attrs["matched_frames"]
+    verdicts = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]))
+    assert sorted(verdicts["item_id"]) == ["AVE-01", "AVE-02", "SUR-01", "SUR-02"]
+    assert (verdicts["n_differences"] == 3 * 2).all()
+    # A tiny random model puts every sentence near log(vocabulary) nats/token: frames and
+    # events all lie within 0.10 of each other, so the gate passes with the events in it
+    # (the failing path is test_audit_secondary_events_matched's).
+    assert matched["selected"].sum() == 5 and verdicts["passes"].all()
+    assert (verdicts["max_abs_difference"] < 0.10).all()
+    assert surprisal.attrs["matching_gate"].passed
 
 
 def test_audit_secondary_class_estimands_single_cell(settings, bank):
