@@ -18,8 +18,8 @@ from fear_assets.resources.models import LanguageModelResource
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.lm.name_gate import selected_names
 from fear_assets.pilot.depth_rules import depth_band, h5_depth
-from fear_assets.pilot.matching import (TOST_COLUMNS, equivalence, event_differences, event_verdicts, frame_differences,
-                                       frame_verdicts, matching_problems, select_frames)
+from fear_assets.pilot.matching import (equivalence, event_differences, event_verdicts, frame_differences, frame_verdicts,
+                                       matching_problems, read_tost, select_frames)
 from fear_assets.pilot.report_rule import mentions, partner_keywords
 from fear_assets.resources.protocol import ProtocolResource
 
@@ -130,10 +130,8 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     "within 0.10 of the agent frames' mean surprisal. Otherwise: how many frames to write per "
     "fear and which events to rewrite."))
 def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
-    import json
-
     problems = matching_problems(matched_frames, float(protocol.settings().section("matching")["tost_alpha"]))
-    tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
+    tost = read_tost(matched_frames)
     return dg.AssetCheckResult(
         passed=not problems,
         description="matching passes" if not problems else
@@ -518,7 +516,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     family = settings.family(family_key)
     frames, replacements, shortfall = _final_selection(settings, bank, family_key, matched_frames,
                                                        binding_results, zero_preference)
-    tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
+    tost = read_tost(matched_frames)
     alpha = float(settings.section("matching")["tost_alpha"])
     matching = matching_problems(matched_frames, alpha)
     b0, r0, p0 = binding_results.iloc[0], report_scoring.iloc[0], pilot_depths.iloc[0]

@@ -25,7 +25,8 @@ def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) ->
     if block.kind == "no_agent":
         return f"{n_frames} {unit} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
     n_cells = len(settings.cell_set(block.cells))
-    return f"{n_frames} {unit} x {n_cells} {'cell' if n_cells == 1 else 'cells'} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+    cells = "cell" if n_cells == 1 else "cells"
+    return f"{n_frames} {unit} x {n_cells} {cells} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
 
 
 def binding_codes_off(codes: pd.Series, n_cells: int) -> int:
@@ -33,8 +34,8 @@ def binding_codes_off(codes: pd.Series, n_cells: int) -> int:
 
     Forty documents over the six role x content cells cannot be equal, so "evenly" is read
     as the tightest deal there is: every cell present and the counts differing by at most
-    one (7, 7, 7, 7, 6, 6). The cells whose count lies outside the band [min, min + 1] of
-    an even deal are counted, and a cell that is missing counts as one off."""
+    one (7, 7, 7, 7, 6, 6). The cells whose count lies outside the even deal's two counts
+    (documents // cells and one more) are counted, and a missing cell counts as one off."""
     missing = max(0, n_cells - len(codes))
     if codes.empty:
         return missing

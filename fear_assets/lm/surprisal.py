@@ -36,9 +36,8 @@ def sentence_requests(builder: DocumentBuilder, items: Sequence[Item]) -> list[d
                     out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
                                 "agent": NO_AGENT, "content": item.group, "option": option, "name": "",
                                 "sentence": item.render(option)})
-            contents = list(item.verbs.get("assistant", {}))
-            for agent in ("self", "peer", "person") if item.kind == "frame" else ():
-                for content in contents:
+            else:
+                for agent, content in ((a, c) for a in ("self", "peer", "person") for c in item.verbs["assistant"]):
                     for option in (1, 2):
                         out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
                                     "agent": agent, "content": content, "option": option, "name": names[agent],

@@ -145,16 +145,24 @@ def event_verdicts(differences: pd.DataFrame, tolerance: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EVENT_VERDICT_COLUMNS)
 
 
+def read_tost(matched: pd.DataFrame) -> pd.DataFrame:
+    """The bank-level TOST stored in a ``matched_frames`` table (an undefined p reads as NaN)."""
+    tost = pd.DataFrame(json.loads(matched["tost"].iloc[0]), columns=TOST_COLUMNS)
+    return tost.assign(tost_p=pd.to_numeric(tost["tost_p"]).astype(float))
+
+
 def matching_problems(matched: pd.DataFrame, alpha: float) -> list[str]:
     """Everything that fails the matching gate (4.3), from a ``matched_frames`` table: fears
     short of frames, comparisons whose bank-level TOST does not show equivalence (NaN with
     fewer than two frames is not equivalence) and events outside the tolerance."""
     short = matched.groupby("fear")["frames_to_write"].max()
     problems = [f"write {n} new frame(s) for {fear}" for fear, n in short[short > 0].items()]
-    tost = pd.DataFrame(json.loads(matched["tost"].iloc[0]), columns=TOST_COLUMNS)
+    tost = read_tost(matched)
     if tost.empty:
         problems.append("no frame is retained, so the bank-level equivalence cannot be tested")
-    problems += [f"mean difference {r.comparison} not shown within the bound (TOST p = {r.tost_p:.3f} over {r.n} frames)"
+    problems += [f"mean difference {r.comparison} not shown within the bound ("
+                 + (f"TOST p = {r.tost_p:.3f} over {r.n} frames)" if pd.notna(r.tost_p) else
+                    f"TOST not defined over {r.n} frame)")
                  for r in tost[~(tost["tost_p"] < alpha)].itertuples()]
     events = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]), columns=EVENT_VERDICT_COLUMNS)
     failing = events[~events["passes"].astype(bool)]
