@@ -42,6 +42,8 @@ CONDITIONS = (
     "control_marked_priority",
 )
 READERS = ("tested", "base", "judge")
+#: The agent of a cell without an agent sentence (baselines, probe controls, secondary-class events).
+NO_AGENT = "none"
 MODES = ("pilot", "confirmatory")
 
 
@@ -347,6 +349,13 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
             raise SettingsError(path, f"design.cell_sets.{key}", "<value>", "cells must be [agent, content] pairs",
                                 "write each cell as [agent, content]")
     blocks = tuple(_block(path, i, spec, cell_sets) for i, spec in enumerate(_need(path, design, "blocks", "design", list)))
+    for block in blocks:  # 4.3: a secondary class has no agent: one cell, [none, <class>]
+        if block.frames in raw["bank"].get("event_classes", ()) and block.kind == "agent":
+            cells = cell_sets[block.cells]
+            if len(cells) != 1 or list(cells[0]) != [NO_AGENT, block.frames]:
+                raise SettingsError(path, f"design.blocks[{block.name}]", "cells",
+                                    f"events of {block.frames} have no agent, but cell set {block.cells!r} is {cells!r}",
+                                    f"use a cell set with one cell [{NO_AGENT}, {block.frames}]")
     if len({b.name for b in blocks}) != len(blocks):
         raise SettingsError(path, "design.blocks", "name", "duplicate block name", "give every block its own name")
     for family in families.values():

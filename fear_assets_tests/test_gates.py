@@ -96,7 +96,7 @@ def test_scorer_agreement_passes_at_081_and_fails_at_079(settings):
 # -- matching (4.3) --------------------------------------------------------------------------
 def _surprisal(shifts: dict[str, float]) -> pd.DataFrame:
     rows = []
-    for item, number in (("TER-03", 3), ("TER-13", 13)):
+    for item, number in (("TER-03", 3), ("TER-04", 4), ("TER-13", 13)):
         for rotation in (1, 2, 3):
             for option in (1, 2):
                 for agent in ("self", "peer", "person"):
@@ -113,10 +113,12 @@ def _matched(shifts: dict[str, float], settings) -> pd.DataFrame:
     rule = settings.section("matching")
     diffs = frame_differences(_surprisal(shifts))
     verdicts = frame_verdicts(diffs, rule["max_abs_difference"])
-    selection, shortfall = select_frames(verdicts, {"TER-03": 3, "TER-13": 13}, 1)
+    # Two confirmatory frames: the bank-level TOST has one difference per retained frame
+    # (issue 10), so a single retained frame could never show equivalence.
+    selection, shortfall = select_frames(verdicts, {"TER-03": 3, "TER-04": 4, "TER-13": 13}, 2)
     tost = equivalence(diffs, set(selection["item_id"]), rule["tost_bound"])
     return verdicts.assign(frames_to_write=verdicts["fear"].map(shortfall).fillna(0).astype(int),
-                           tost=tost.to_json(orient="records"))
+                           tost=tost.to_json(orient="records"), event_matching="[]")
 
 
 def test_matching_check_replaces_a_frame_beyond_010_and_passes(settings):

@@ -17,6 +17,7 @@ import fear_assets
 from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, convergence, hypotheses,
                                                 posterior_draws, prepare, sample)
 from fear_assets.analysis.unmasking import unmask
+from fear_assets.lm.surprisal import require_same_names
 from fear_assets.hashing import derived_seed, sha256_file
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
@@ -190,6 +191,8 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, sc
     family_key = context.partition_key
     family = settings.family(family_key)
     record = _record(registration_record)
+    # The covariates must come from the names the documents carry (4.2, 4.3).
+    require_same_names(sentence_surprisal, record["selected_names"], "posteriors")
     frozen = read_record(protocol.registration_dir)
     unmasked = unmask(scores, assignment_key, list(family.depth_keys), scores, frozen)
     prefix = "" if (unmasked["block"] == "primary").any() else "pilot_"

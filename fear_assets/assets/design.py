@@ -1,7 +1,6 @@
 """Stage "design" (protocol 4.4, 4.7-4.8, D2, D6): trial table, assignment key, accounting."""
 
 
-import json
 import time
 
 import dagster as dg
@@ -14,6 +13,7 @@ from fear_assets.design.table import build_trial_table
 from fear_assets.design.trials import registered_selection
 from fear_assets.registration.record import registered_replacements
 from fear_assets.errors import DesignError
+from fear_assets.lm.name_gate import selected_names
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
                                     family_of_partition, family_partitions, partition_parts)
@@ -57,7 +57,7 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     depth_index = family.depth_index(depth)
     started = time.perf_counter()
     tokenizers = family_tokenizers(settings, family, protocol.cache_dir)
-    names = json.loads(name_gate["selected_names"].iloc[0])
+    names = selected_names(name_gate)
     gate_passed = bool(name_gate["gate_passed"].iloc[0])
     if not gate_passed and settings.mode == "confirmatory":
         # A check blocks only inside its own run; the gate's stored verdict blocks every later one.

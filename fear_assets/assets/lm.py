@@ -12,11 +12,11 @@ import pandas as pd
 
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.documents import DocumentBuilder
-from fear_assets.design.trials import candidate_frames
+from fear_assets.design.trials import candidate_frames, surprisal_items
 from fear_assets.hashing import sha256_file, sha256_obj
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import manifest, manifest_digest, registry
-from fear_assets.lm.name_gate import run_name_gate
+from fear_assets.lm.name_gate import run_name_gate, selected_names
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
 from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.lm.tokenizers import family_tokenizers
@@ -62,7 +62,7 @@ def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
     table = split.groupby(["tokenizer", "form"])["name"].apply(lambda s: ", ".join(s)).reset_index()
     return dg.AssetCheckResult(
         passed=passed,
-        description=("five names pass: " + ", ".join(json.loads(name_gate["selected_names"].iloc[0]))) if passed else
+        description=("five names pass: " + ", ".join(selected_names(name_gate))) if passed else
         "fewer than five registered names are single tokens everywhere; the first five in registered order stand "
         "in and every downstream output is flagged. Before registration: choose other names or other "
         "judge/scorer checkpoints (a protocol amendment), then re-run the gate.",
@@ -129,24 +129,27 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
           kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
 def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                       language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
+                       language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
     once after the system prompt with no document, under the tested checkpoint; mean
     per-token NLL of the name token(s) and of the rest, per rotation and content option.
-    Covers the design's frames and every reserve frame (candidates for replacement)."""
+    Covers the design's frames, every reserve frame (candidates for replacement) and the
+    design's secondary-class events (agentless: one sentence per option and rotation, matched
+    to the agent frames). Names are the name gate's selection, the same names the documents
+    carry (4.2)."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     family = settings.family(family_key)
     spec = registry(settings, family_key)["tested"]
     model, tokenizer = language_model.load(spec)
-    ids = candidate_frames(settings, bank, family)
-    builder = DocumentBuilder(settings, bank, family_key, list(settings.names[: settings.selected_name_count]),
-                              {"tested": tokenizer})
+    ids = surprisal_items(settings, bank, family)
+    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"tested": tokenizer})
     started = time.perf_counter()
     table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
                               log=context.log.info)
     return dg.Output(table, metadata={
         "sentences": len(table), "frames": len(ids), "seconds": round(time.perf_counter() - started, 1),
+        "names": ", ".join(builder.names),
         "mean rest NLL by agent": dg.MetadataValue.md(
             table.groupby("agent")[["rest_nll", "name_nll"]].mean().round(3).to_markdown()),
     })
@@ -155,7 +158,7 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
           kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
 def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                            language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
+                            language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The same document-independent surprisal under the family's base checkpoint (4.3): the
     base-against-assistant comparison uses only frames that pass matching under both
     checkpoints of the lineage. Empty (with a note) for a family without a base checkpoint."""
@@ -169,8 +172,7 @@ def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoco
                          metadata={"note": "no base checkpoint registered: base analyses are not available"})
     model, tokenizer = language_model.load(spec)
     ids = candidate_frames(settings, bank, settings.family(family_key))
-    builder = DocumentBuilder(settings, bank, family_key, list(settings.names[: settings.selected_name_count]),
-                              {"tested": tokenizer})
+    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"tested": tokenizer})
     table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
                               log=context.log.info)
     return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})

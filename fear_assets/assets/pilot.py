@@ -16,8 +16,10 @@ from fear_assets.pilot.zero_preference import (within, zero_preference_failures,
 from fear_assets.resources.models import LanguageModelResource
 
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.lm.name_gate import selected_names
 from fear_assets.pilot.depth_rules import depth_band, h5_depth
-from fear_assets.pilot.matching import TOST_COLUMNS, equivalence, frame_differences, frame_verdicts, select_frames
+from fear_assets.pilot.matching import (equivalence, event_differences, event_verdicts, frame_differences, frame_verdicts,
+                                       matching_problems, read_tost, select_frames)
 from fear_assets.pilot.report_rule import mentions, partner_keywords
 from fear_assets.resources.protocol import ProtocolResource
 
@@ -91,12 +93,14 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
                 else int(settings.design["confirmatory_frames_required"]) // len(settings.fears))
     selection, shortfall = select_frames(verdicts, numbers, required, {r.rewrite_of: r.id for r in bank.rewrites})
     tost = equivalence(diffs, set(selection["item_id"]), float(rule["tost_bound"]))
+    events = event_verdicts(event_differences(sentence_surprisal, set(selection["item_id"]),
+                                              settings.bank_rules["event_classes"]), float(rule["max_abs_difference"]))
     table = verdicts.merge(selection.rename(columns={"item_id": "selected"}), how="left",
                            left_on="item_id", right_on="selected", suffixes=("", "_sel"))
     table = table.assign(family=context.partition_key, selected=table["selected"].notna(),
                          replaces=table["replaces"].fillna(""),
                          frames_to_write=table["fear"].map(shortfall).fillna(0).astype(int),
-                         tost=tost.to_json(orient="records"))
+                         tost=tost.to_json(orient="records"), event_matching=events.to_json(orient="records"))
     table = table.drop(columns=["fear_sel"], errors="ignore")
     # 4.3: the base-against-assistant comparison uses frames passing under both checkpoints.
     if len(base_sentence_surprisal):
@@ -114,26 +118,20 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
         "frames to write": dg.MetadataValue.json(shortfall),
         "drop rate by fear": dg.MetadataValue.md(drop.to_frame("drop rate").to_markdown()),
         "TOST (+-bound) across the retained bank": dg.MetadataValue.md(tost.round(4).to_markdown(index=False)),
+        "events matched to the agent frames (4.3)": dg.MetadataValue.md(
+            events.round(4).to_markdown(index=False) if len(events) else "no events in this design"),
     })
 
 
 @dg.asset_check(asset=matched_frames, blocking=GATES_BLOCK, description=(
     "Protocol 4.3: every fear keeps its registered number of confirmatory frames after "
-    "matching and replacement, and the retained bank's mean differences are equivalent to "
-    "zero within +-0.05 (TOST, alpha 0.05). Otherwise: how many frames to write per fear."))
+    "matching and replacement, the retained bank's mean differences are equivalent to "
+    "zero within +-0.05 (TOST over frames, alpha 0.05), and every secondary-class event lies "
+    "within 0.10 of the agent frames' mean surprisal. Otherwise: how many frames to write per "
+    "fear and which events to rewrite."))
 def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
-    import json
-
-    alpha = float(protocol.settings().section("matching")["tost_alpha"])
-    short = matched_frames.groupby("fear")["frames_to_write"].max()
-    short = short[short > 0]
-    tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
-    not_equivalent = tost[tost["tost_p"] >= alpha]
-    problems = [f"write {n} new frame(s) for {fear}" for fear, n in short.items()]
-    if tost.empty:
-        problems.append("no frame is retained, so the bank-level equivalence cannot be tested")
-    problems += [f"mean difference {r.comparison} not shown within the bound (TOST p = {r.tost_p:.3f})"
-                 for r in not_equivalent.itertuples()]
+    problems = matching_problems(matched_frames, float(protocol.settings().section("matching")["tost_alpha"]))
+    tost = read_tost(matched_frames)
     return dg.AssetCheckResult(
         passed=not problems,
         description="matching passes" if not problems else
@@ -187,7 +185,7 @@ def zero_preference(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     lie within the registered band. Failing items are listed for rewriting."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    names = json.loads(name_gate["selected_names"].iloc[0])
+    names = selected_names(name_gate)
     spec, builder = _builder(protocol, language_model, family_key, names)
     questions = zero_preference_questions(builder, [bank.item(i) for i in _candidates(settings, bank, family_key)])
     started = time.perf_counter()
@@ -250,7 +248,7 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     rule = settings.section("binding")
-    names = json.loads(name_gate["selected_names"].iloc[0])
+    names = selected_names(name_gate)
     spec, builder = _builder(protocol, language_model, family_key, names)
     ids = _candidates(settings, bank, family_key)
     checks = single_sentence_checks(ids, settings.rotations, names[:3], expected=dict(rule["expected_letter"]),
@@ -518,21 +516,22 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     family = settings.family(family_key)
     frames, replacements, shortfall = _final_selection(settings, bank, family_key, matched_frames,
                                                        binding_results, zero_preference)
-    tost = pd.DataFrame(json.loads(matched_frames["tost"].iloc[0]), columns=TOST_COLUMNS)
+    tost = read_tost(matched_frames)
     alpha = float(settings.section("matching")["tost_alpha"])
-    matching_short = matched_frames.groupby("fear")["frames_to_write"].max()
+    matching = matching_problems(matched_frames, alpha)
     b0, r0, p0 = binding_results.iloc[0], report_scoring.iloc[0], pilot_depths.iloc[0]
     ctrl = probe_controls[probe_controls["frame_set"] == "pilot"]
     gates = {
         "name_gate (4.2)": {"passed": bool(name_gate["gate_passed"].iloc[0]),
-                            "numbers": {"selected": ", ".join(json.loads(name_gate["selected_names"].iloc[0]))},
+                            "numbers": {"selected": ", ".join(selected_names(name_gate))},
                             "message": "five registered names single-token in every tokenizer" if bool(name_gate["gate_passed"].iloc[0])
                             else "fewer than five names are single tokens everywhere; the registered-order names stand in"},
-        "matching (4.3)": {"passed": bool(matching_short.max() == 0 and not tost.empty and (tost["tost_p"] < alpha).all()),
+        "matching (4.3)": {"passed": not matching,
                            "numbers": {"frames passing": int(matched_frames["passes"].sum()),
                                        "frames examined": len(matched_frames),
+                                       "events failing": sum(not e["passes"] for e in json.loads(matched_frames["event_matching"].iloc[0])),
                                        "max TOST p": round(float(tost["tost_p"].max()), 4) if len(tost) else "n/a"},
-                           "message": "frames to write: " + (", ".join(f"{f} {n}" for f, n in matching_short.items() if n) or "none")},
+                           "message": "; ".join(matching) or "matching passes (frames to write: none)"},
         "zero_preference (4.3)": {"passed": bool(zero_preference["gate_passed"].iloc[0]),
                                   "numbers": {"items failing": int(zero_preference.loc[~zero_preference["passes"], "item_id"].nunique())},
                                   "message": str(zero_preference["message"].iloc[0])},
@@ -563,7 +562,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
         "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
-        "selected_names": json.loads(name_gate["selected_names"].iloc[0]), "selected_frames": frames,
+        "selected_names": selected_names(name_gate), "selected_frames": frames,
         "replacements": replacements, "depth_band": [int(x) for x in str(p0["depth_band"]).split(",")],
         "band_rule": str(p0["band_rule"]), "h5_depth": int(p0["h5_depth"]), "h5_rule": str(p0["h5_rule"]),
         "pilot_sigma": round(float(pilot_controls["pilot_sigma"].iloc[0]), 6),

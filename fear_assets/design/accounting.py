@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fear_assets.design.trials import FrameSelection, block_applies, block_depths, expected_block_rows
+from fear_assets.design.trials import BINDING_CELLS, FrameSelection, block_applies, block_depths, expected_block_rows
 from fear_assets.settings import ProtocolSettings
 
 ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected_rows", "actual_rows",
@@ -25,7 +25,22 @@ def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) ->
     if block.kind == "no_agent":
         return f"{n_frames} {unit} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
     n_cells = len(settings.cell_set(block.cells))
-    return f"{n_frames} {unit} x {n_cells} cells x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+    cells = "cell" if n_cells == 1 else "cells"
+    return f"{n_frames} {unit} x {n_cells} {cells} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
+
+
+def binding_codes_off(codes: pd.Series, n_cells: int) -> int:
+    """How many binding cells break "spread evenly over names, roles and contents" (4.2).
+
+    Forty documents over the six role x content cells cannot be equal, so "evenly" is read
+    as the tightest deal there is: every cell present and the counts differing by at most
+    one (7, 7, 7, 7, 6, 6). The cells whose count lies outside the even deal's two counts
+    (documents // cells and one more) are counted, and a missing cell counts as one off."""
+    missing = max(0, n_cells - len(codes))
+    if codes.empty:
+        return missing
+    low = int(codes.sum()) // n_cells  # the even deal's smaller count
+    return missing + int(((codes < low) | (codes > low + 1)).sum())
 
 
 def trial_accounting(settings: ProtocolSettings, family_key: str, selection: FrameSelection,
@@ -50,7 +65,7 @@ def trial_accounting(settings: ProtocolSettings, family_key: str, selection: Fra
         if per_code >= 0:
             codes_off = int((codes != per_code).sum())
         else:
-            codes_off = int(codes.max() - codes.min() > len(codes)) if len(codes) else 0
+            codes_off = binding_codes_off(codes, len(settings.cell_set(BINDING_CELLS))) if expected else 0
         ok = len(part) == expected and codes_off == 0
         rows.append({
             "family": family_key, "block": block.name, "kind": block.kind, "frames": block.frames,

@@ -118,10 +118,27 @@ def canonical_reports(item: Item, templates: Mapping[str, Any], agent_role: str,
     return {"agent": agent, "partner": {"name": partner_report, "role": partner_report, "quotation": partner}}
 
 
+def event_reports(item: Item, templates: Mapping[str, Any], option: int, partner_option: int) -> dict[str, dict[str, str]]:
+    """Canonical reports of a secondary-class event and its partner (4.3, 4.5). An event has
+    no agent, so its name and role forms coincide ("The document says the warehouse roof
+    will collapse in week 3."), exactly as the neutral partner's do; the quotation form is
+    the sentence itself. Event and partner are therefore scored on the same footing."""
+    fmt = templates["reports"]
+    sentence = item.render(option)
+    said = fmt["name"].format(sentence=_lower_start(sentence))
+    partner = item.partner.render(partner_option)
+    partner_report = fmt["name"].format(sentence=_lower_start(partner))
+    return {"agent": {"name": said, "role": said, "quotation": sentence},
+            "partner": {"name": partner_report, "role": partner_report, "quotation": partner}}
+
+
 def _forced_choice(item: Item, templates: Mapping[str, Any], agent_role: str, content: str, agent_text: str,
                    first_listed: int) -> str:
-    verb = item.verb(templates["verb_kind"][agent_role], content)
-    question = item.question.format(agent=agent_text, verb=verb)
+    if item.kind == "event":  # the question names the event itself (no agent, 4.3)
+        question = item.question
+    else:
+        verb = item.verb(templates["verb_kind"][agent_role], content)
+        question = item.question.format(agent=agent_text, verb=verb)
     a, b = (item.content_options if first_listed == 1 else item.content_options[::-1])
     return templates["prompts"]["forced_choice"].format(question=question, option_a=a, option_b=b)
 
@@ -199,7 +216,12 @@ class DocumentBuilder:
         continuations: dict[str, Any] = {}
         prompt = t["prompts"]["report"]
         fc_prompt = ""
-        if agent != "none":
+        if item.kind == "event" and row["block_kind"] == "agent":
+            # 4.3: the event sentence carries no name; rotation changed only the system prompt.
+            sentence = item.render(option)
+            continuations = event_reports(item, t, option, int(row["partner_option"]))
+            fc_prompt = _forced_choice(item, t, agent, content, "", int(row["fc_first_listed"]))
+        elif agent != "none":
             sentence = agent_sentence(item, t, agent, content, option, names_map[agent], row["sentence_form"])
             continuations = canonical_reports(item, t, agent, content, option, names_map, row["sentence_form"],
                                               int(row["partner_option"]))

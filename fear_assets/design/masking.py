@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fear_assets.design.trials import block_applies
+from fear_assets.design.trials import BINDING_CELLS, block_applies
 from fear_assets.hashing import derived_seed
 from fear_assets.settings import ProtocolSettings
 
@@ -29,7 +29,7 @@ def condition_combinations(settings: ProtocolSettings, family_key: str) -> list[
         if block.kind in ("baseline", "no_agent"):
             combos.add((block.condition, "none", "none", 0))
             continue
-        cell_set = "primary" if block.kind == "binding" else block.cells
+        cell_set = BINDING_CELLS if block.kind == "binding" else block.cells
         for i, (agent, content) in enumerate(settings.cell_set(cell_set), start=1):
             combos.add((block.condition, agent, content, i))
     return sorted(combos)

@@ -26,6 +26,10 @@ GRID_COLUMNS = [
 ]
 
 
+#: The in-context binding documents are built on the primary cells (4.2: every role x content).
+BINDING_CELLS = "primary"
+
+
 # ---------------------------------------------------------------------------------------
 # Registered rules (4.3, 4.5, 4.8): pure functions of the registered settings
 # ---------------------------------------------------------------------------------------
@@ -123,6 +127,14 @@ def candidate_frames(settings: ProtocolSettings, bank: Bank, family: Family) -> 
     return list(dict.fromkeys([*frames, *rewrites]))
 
 
+def surprisal_items(settings: ProtocolSettings, bank: Bank, family: Family) -> list[str]:
+    """Every item whose document-independent surprisal the tested checkpoint measures (4.3):
+    the candidate frames and the design's secondary-class events (matched to the frames)."""
+    selection = registered_selection(settings, bank, family)
+    events = [i for cls in settings.bank_rules["event_classes"] for i in selection.ids(cls)]
+    return [*candidate_frames(settings, bank, family), *events]
+
+
 # ---------------------------------------------------------------------------------------
 # Block expansion
 # ---------------------------------------------------------------------------------------
@@ -214,7 +226,7 @@ def _expand_binding(settings: ProtocolSettings, family: Family, block: Block, it
     if not depths or not items:
         return []
     n = int(settings.design["binding_in_context_documents"])
-    cells = settings.cell_set("primary")
+    cells = settings.cell_set(BINDING_CELLS)
     agents = list(dict.fromkeys(a for a, _ in cells))
     contents = list(dict.fromkeys(c for _, c in cells))
     rotations = sorted(settings.rotations)

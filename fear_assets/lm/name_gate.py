@@ -28,6 +28,7 @@ Everything here is a pure function of the tokenizers given, except
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -222,3 +223,18 @@ def run_name_gate(settings: ProtocolSettings, family_key: str, cache_dir: Path =
     k = settings.selected_name_count
     selected, passed = select_names(table, settings.names, k)
     return NameGateResult(family_key, selected, passed, table, gate_message(table, settings.names, k))
+
+
+def selected_names(name_gate: pd.DataFrame) -> list[str]:
+    """The name gate's selection as stored in the ``name_gate`` table (4.2: "the first five
+    that are single tokens in the tokenizers of all tested, judge and scorer models"; the
+    registered-order names where fewer pass, flagged). This is the one source of the names
+    every later step uses: documents, sentence surprisal, matching and its TOST, the
+    surprisal covariates, the binding checks and the zero-preference questions."""
+    if name_gate.empty or "selected_names" not in name_gate.columns:
+        raise ValueError("the name_gate table has no selected_names: materialise name_gate for this family first")
+    stored = set(name_gate["selected_names"])
+    if len(stored) != 1:
+        raise ValueError(f"the name_gate table holds {len(stored)} different selections for one family; "
+                         "re-materialise name_gate for this family")
+    return list(json.loads(stored.pop()))

@@ -6,28 +6,38 @@ Matching uses only these statistics, so it cannot absorb any effect of a documen
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import pandas as pd
 
 from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence, role_names
 from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.settings import NO_AGENT
 from fear_assets.stimuli.bank import Item
 
 SURPRISAL_COLUMNS = ["family", "item_id", "fear", "frame_set", "rotation", "agent", "content", "option", "sentence",
-                     "n_tokens", "n_name_tokens", "name_nll", "rest_nll"]
+                     "n_tokens", "n_name_tokens", "name_nll", "rest_nll", "selected_names"]
 
 
 def sentence_requests(builder: DocumentBuilder, items: Sequence[Item]) -> list[dict]:
-    """Every (item, rotation, agent, content, option) sentence and every partner sentence."""
+    """Every (item, rotation, agent, content, option) sentence and every partner sentence;
+    a secondary-class event has one agentless sentence per option."""
     settings, t = builder.settings, builder.templates
     out = []
     for rotation in sorted(settings.rotations):
         names = role_names(settings, builder.names, rotation)
         for item in items:
-            contents = list(item.verbs["assistant"])
-            for agent in ("self", "peer", "person"):
-                for content in contents:
+            if item.kind == "event":
+                # 4.3: an event has no agent; under each rotation only the system prompt
+                # differs, and the whole sentence is its non-name part. Agent and content
+                # are those of the class's one cell, so the table joins the trial rows.
+                for option in (1, 2):
+                    out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
+                                "agent": NO_AGENT, "content": item.group, "option": option, "name": "",
+                                "sentence": item.render(option)})
+            else:
+                for agent, content in ((a, c) for a in ("self", "peer", "person") for c in item.verbs["assistant"]):
                     for option in (1, 2):
                         out.append({"item_id": item.id, "fear": item.group, "frame_set": item.set, "rotation": rotation,
                                     "agent": agent, "content": content, "option": option, "name": names[agent],
@@ -79,4 +89,23 @@ def sentence_surprisal(engine: TeacherForcedEngine, tokenizer, builder: Document
         log(f"surprisal: rotation {rotation} done ({len(group)} sentences)")
     table = pd.DataFrame(rows)
     table.insert(0, "family", builder.family_key)
+    table["selected_names"] = json.dumps(list(builder.names))  # which names the statistics were measured with
     return table[SURPRISAL_COLUMNS]
+
+
+def surprisal_names(surprisal: pd.DataFrame) -> list[str]:
+    """The selected names a sentence_surprisal table was measured with."""
+    stored = set(surprisal["selected_names"])
+    if len(stored) != 1:
+        raise ValueError(f"the sentence_surprisal table holds {len(stored)} name selections; "
+                         "re-materialise sentence_surprisal for this family")
+    return list(json.loads(stored.pop()))
+
+
+def require_same_names(surprisal: pd.DataFrame, names: Sequence[str], where: str) -> None:
+    """Surprisal statistics (matching, covariates) must be measured with the names the
+    documents carry (4.2, 4.3): refuse a table measured with other names."""
+    measured = surprisal_names(surprisal)
+    if measured != list(names):
+        raise ValueError(f"{where}: sentence_surprisal was measured with names {measured} but the documents carry "
+                         f"{list(names)}; re-materialise sentence_surprisal after name_gate")

@@ -4,16 +4,19 @@ A frame is retained only if, under each of the three rotations and both content 
 (a) its threat and harmless versions (for every agent) and (b) each pair of its self, peer
 and person versions (for both contents) differ in mean non-name surprisal by no more than
 the registered tolerance (0.10 nats/token). Across the retained bank the mean differences
-must be equivalent to zero within +-0.05 by two one-sided tests (statsmodels). A failing
+must be equivalent to zero within +-0.05 by two one-sided tests (statsmodels), one mean
+difference per frame. A failing
 confirmatory frame is replaced by the lowest-numbered passing reserve frame of its fear;
 a fear left with fewer confirmatory frames than registered is reported with how many frames
-to write.
+to write. Each secondary-class event is matched to the retained agent frames within the same
+tolerance (:func:`event_differences` says which statistic and why).
 """
 
 from __future__ import annotations
 
+import json
 from itertools import combinations
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import pandas as pd
 from statsmodels.stats.weightstats import DescrStatsW
@@ -76,12 +79,97 @@ def select_frames(verdicts: pd.DataFrame, numbers: dict[str, int], required_per_
 
 
 def equivalence(differences: pd.DataFrame, retained: set[str], bound: float) -> pd.DataFrame:
-    """TOST per comparison type across the retained frames: H0 |mean| >= bound."""
+    """TOST per comparison type across the retained frames: H0 |mean| >= bound.
+
+    4.3: "Across the retained bank, the mean differences must also be equivalent to zero".
+    The unit is the frame: a frame's rotations, options (and, for an agent pair, its two
+    contents) are repeated readings of one written frame, not independent samples, so each
+    frame contributes one mean difference per comparison and the test has one observation
+    per retained frame (``n`` = frames). With fewer than two frames the test is undefined
+    (p is NaN) and so never passes."""
     d = differences[differences["item_id"].isin(retained)]
+    kind = d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)
+    per_frame = d.assign(kind=kind).groupby(["kind", "item_id"], sort=True)["difference"].mean()
     rows = []
-    for comparison, part in d.groupby(d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)):
-        stats = DescrStatsW(part["difference"].to_numpy())
-        p_value, _, _ = stats.ttost_mean(-bound, bound)
-        rows.append({"comparison": comparison, "n": len(part), "mean_difference": float(stats.mean),
-                     "tost_p": float(p_value)})
+    for comparison, part in per_frame.groupby(level="kind", sort=True):
+        values = part.to_numpy()
+        p_value = float(DescrStatsW(values).ttost_mean(-bound, bound)[0]) if len(values) > 1 else float("nan")
+        rows.append({"comparison": comparison, "n": len(values), "mean_difference": float(values.mean()),
+                     "tost_p": p_value})
     return pd.DataFrame(rows, columns=TOST_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------
+# Secondary-class events (4.3)
+# ---------------------------------------------------------------------------------------
+EVENT_COLUMNS = ["item_id", "event_class", "rotation", "option", "event_nll", "frames_mean_nll", "difference"]
+EVENT_VERDICT_COLUMNS = ["item_id", "event_class", "max_abs_difference", "worst_rotation", "worst_option",
+                         "n_differences", "passes"]
+
+
+def event_differences(surprisal: pd.DataFrame, retained: set[str], event_classes: Sequence[str]) -> pd.DataFrame:
+    """4.3: each secondary-class event "is matched in document-independent surprisal to the
+    agent frames within 0.10 nats per token". The protocol does not say which statistic of
+    the agent frames; this reading takes, per rotation (the rotation changes only the
+    system prompt, so event and frames are scored after the same one), the mean non-name
+    surprisal of the retained agent frames over their three agents, two contents and two
+    options: the average agent sentence the events stand beside in the analysis. An event's
+    statistic is its whole sentence's mean surprisal (it has no name token), under each
+    rotation and for both content options, as a frame is checked "under each of the three
+    name rotations and for both content options". One row per event x rotation x option:
+    event minus the frames' mean. Where no frame is retained the reference is missing and
+    the difference is NaN (never within tolerance)."""
+    frames = surprisal[surprisal["agent"].isin(AGENTS) & surprisal["item_id"].isin(retained)]
+    reference = frames.groupby("rotation")["rest_nll"].mean()
+    events = surprisal[surprisal["frame_set"].isin(list(event_classes)) & ~surprisal["agent"].eq("partner")]
+    out = pd.DataFrame({
+        "item_id": events["item_id"], "event_class": events["frame_set"], "rotation": events["rotation"],
+        "option": events["option"], "event_nll": events["rest_nll"],
+        "frames_mean_nll": events["rotation"].map(reference).astype(float),
+    })
+    out["difference"] = out["event_nll"] - out["frames_mean_nll"]
+    return out.sort_values(["item_id", "rotation", "option"], ignore_index=True)[EVENT_COLUMNS]
+
+
+def event_verdicts(differences: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Per event: the largest absolute difference over rotations and options, where it
+    lies, and whether every difference is within the tolerance (inclusive; NaN fails).
+    A failing event is rewritten before registration: the events have no reserve pool."""
+    rows = []
+    for (item_id, cls), part in differences.groupby(["item_id", "event_class"], sort=True):
+        absolute = part["difference"].abs()
+        worst = part.loc[absolute.fillna(float("inf")).idxmax()]
+        rows.append({"item_id": item_id, "event_class": cls, "max_abs_difference": float(absolute.max()),
+                     "worst_rotation": int(worst["rotation"]), "worst_option": int(worst["option"]),
+                     "n_differences": len(part), "passes": bool((absolute <= tolerance).all())})
+    return pd.DataFrame(rows, columns=EVENT_VERDICT_COLUMNS)
+
+
+def read_tost(matched: pd.DataFrame) -> pd.DataFrame:
+    """The bank-level TOST stored in a ``matched_frames`` table (an undefined p reads as NaN)."""
+    tost = pd.DataFrame(json.loads(matched["tost"].iloc[0]), columns=TOST_COLUMNS)
+    return tost.assign(tost_p=pd.to_numeric(tost["tost_p"]).astype(float))
+
+
+def matching_problems(matched: pd.DataFrame, alpha: float) -> list[str]:
+    """Everything that fails the matching gate (4.3), from a ``matched_frames`` table: fears
+    short of frames, comparisons whose bank-level TOST does not show equivalence (NaN with
+    fewer than two frames is not equivalence) and events outside the tolerance."""
+    short = matched.groupby("fear")["frames_to_write"].max()
+    problems = [f"write {n} new frame(s) for {fear}" for fear, n in short[short > 0].items()]
+    tost = read_tost(matched)
+    if tost.empty:
+        problems.append("no frame is retained, so the bank-level equivalence cannot be tested")
+    problems += [f"mean difference {r.comparison} not shown within the bound ("
+                 + (f"TOST p = {r.tost_p:.3f} over {r.n} frames)" if pd.notna(r.tost_p) else
+                    f"TOST not defined over {r.n} frame)")
+                 for r in tost[~(tost["tost_p"] < alpha)].itertuples()]
+    events = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]), columns=EVENT_VERDICT_COLUMNS)
+    failing = events[~events["passes"].astype(bool)]
+    unmatched = failing[failing["max_abs_difference"].isna()]
+    if len(unmatched):
+        problems.append(f"{len(unmatched)} event(s) cannot be matched: no agent frame is retained to match them to")
+    problems += [f"rewrite event {r.item_id}: its surprisal differs from the agent frames' mean by "
+                 f"{r.max_abs_difference:.3f} nats/token (rotation {r.worst_rotation}, option {r.worst_option})"
+                 for r in failing[failing["max_abs_difference"].notna()].itertuples()]
+    return problems

@@ -5,7 +5,10 @@ sha256 together with per-item and per-section hashes. :func:`compare_with_record
 exactly what changed (which bank item, which settings section), so a failed freeze check
 tells the researcher what to restore or to re-register.
 
-Freeze the current inputs with ``python -m fear_assets.registration.freeze``.
+Freeze the current inputs with ``python -m fear_assets.registration.freeze``. When the
+inputs differ from the committed record, re-freezing needs ``--reason "..."``: the record
+keeps a ``changes`` list (date, reason, hashes before and after, what changed), so every
+deliberate change to a frozen input is documented where the freeze check reads it (D6, D8).
 """
 
 from __future__ import annotations
@@ -95,14 +98,51 @@ def compare_with_record(settings: ProtocolSettings, bank: Bank, record: dict) ->
                             frozen_settings_sha256=record.get("settings_sha256", ""), changed=changed)
 
 
+def refreeze(settings: ProtocolSettings, bank: Bank, previous: dict | None, reason: str, date: str) -> dict:
+    """A new freeze record of the current inputs that carries the previous record's
+    ``changes`` and, where the inputs differ from it, one more entry: the date, the written
+    reason, the bank and settings hashes before and after, and what changed (D8: a change
+    to a registered input is "an explicit edit ... with a written reason", recorded "with
+    the hashes before and after and the date"). An unchanged input needs no reason."""
+    record = freeze_record(settings, bank)
+    changes = list(previous.get("changes", [])) if previous else []
+    if previous is not None:
+        comparison = compare_with_record(settings, bank, previous)
+        if not comparison.passed:
+            if not reason.strip():
+                raise FreezeError("the bank or settings differ from the frozen record (" + "; ".join(comparison.changed)
+                                  + "): give the reason for the change with --reason \"...\"")
+            changes.append({
+                "date": date, "reason": reason.strip(),
+                "bank_sha256_before": previous.get("bank_sha256", ""), "bank_sha256_after": record["bank_sha256"],
+                "settings_sha256_before": previous.get("settings_sha256", ""),
+                "settings_sha256_after": record["settings_sha256"], "changed": comparison.changed,
+            })
+    record["changes"] = changes
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    settings_path = Path(argv[0]) if len(argv) > 0 else DEFAULT_SETTINGS_PATH
-    bank_dir = Path(argv[1]) if len(argv) > 1 else DEFAULT_BANK_DIR
-    registration_dir = Path(argv[2]) if len(argv) > 2 else DEFAULT_REGISTRATION_DIR
-    settings = load_settings(settings_path)
-    bank = load_bank(bank_dir, settings)
-    target = write_record(freeze_record(settings, bank), registration_dir)
+    import argparse
+    import datetime
+
+    parser = argparse.ArgumentParser(prog="python -m fear_assets.registration.freeze",
+                                     description="Freeze the bank and settings hashes (D6).")
+    parser.add_argument("settings", nargs="?", default=str(DEFAULT_SETTINGS_PATH))
+    parser.add_argument("bank", nargs="?", default=str(DEFAULT_BANK_DIR))
+    parser.add_argument("registration_dir", nargs="?", default=str(DEFAULT_REGISTRATION_DIR))
+    parser.add_argument("--reason", default="", help="why the frozen inputs changed (required when they did)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    settings = load_settings(Path(args.settings))
+    bank = load_bank(Path(args.bank), settings)
+    previous_path = Path(args.registration_dir) / RECORD_NAME
+    previous = read_record(args.registration_dir) if previous_path.is_file() else None
+    try:
+        record = refreeze(settings, bank, previous, args.reason, datetime.date.today().isoformat())
+    except FreezeError as exc:
+        print(f"not frozen: {exc}", file=sys.stderr)
+        return 1
+    target = write_record(record, args.registration_dir)
     print(f"froze bank {bank.sha256[:12]} and settings {settings.sha256[:12]} into {target}")
     return 0
 

@@ -27,7 +27,6 @@ from fear_assets.settings import DEFAULT_BANK_DIR, ProtocolSettings, load_settin
 
 AGENT_KINDS = ("assistant", "person")
 FRAME_CONTENTS = ("threat", "harmless")
-EVENT_CONTENT = "event"
 _FORMATTER = string.Formatter()
 
 
@@ -45,7 +44,8 @@ class Partner:
 
 @dataclass(frozen=True)
 class Item:
-    """An agent frame (threat/harmless) or a secondary-class event (one content)."""
+    """An agent frame (threat/harmless) or a secondary-class event (no agent; frame-only
+    fields empty)."""
 
     id: str
     number: int
@@ -68,14 +68,22 @@ class Item:
     def verb(self, agent_kind: str, content: str) -> str:
         return self.verbs[agent_kind][content]
 
+    def render(self, option: int) -> str:
+        """An event's sentence with its content option (events have no agent, 4.3)."""
+        if self.kind != "event":
+            raise ValueError(f"{self.id} is an agent frame: render it with an agent and a verb")
+        return self.sentence.format(content=self.content_options[option - 1])
+
     def as_record(self) -> dict[str, Any]:
         """The item's canonical content (what the freeze hash covers)."""
+        frame_only = {} if self.kind == "event" else {
+            "first_person": self.first_person, "content_removed": self.content_removed, "clause": self.clause,
+            "verbs": {k: dict(v) for k, v in self.verbs.items()},
+        }
         return {
             "id": self.id, "number": self.number, "kind": self.kind, "group": self.group,
-            "set": self.set, "sentence": self.sentence, "first_person": self.first_person,
-            "content_removed": self.content_removed, "clause": self.clause,
+            "set": self.set, "sentence": self.sentence, **frame_only,
             "question": self.question, "content_options": list(self.content_options),
-            "verbs": {k: dict(v) for k, v in self.verbs.items()},
             "partner": {
                 "sentence": self.partner.sentence,
                 "content_options": list(self.partner.content_options),
@@ -230,6 +238,8 @@ def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rul
     else:
         item_set = group
 
+    if kind == "event":
+        return _parse_event(chk, data, number, group, file)
     sentence = chk.text(data, "sentence")
     chk.slots(sentence, "sentence", {"agent": 1, "verb": 1, "content": 1})
     if not sentence.startswith("{agent} "):
@@ -258,18 +268,22 @@ def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rul
         if agent_kind not in raw_verbs:
             chk.fail(f"verbs.{agent_kind}", "missing", f"add the {agent_kind} verb phrase(s)")
         value = raw_verbs[agent_kind]
-        if kind == "frame":
-            if not isinstance(value, Mapping):
-                chk.fail(f"verbs.{agent_kind}", "expected {threat: ..., harmless: ...}", "give both verb phrases")
-            pair = {c: chk.text(value, c, f"verbs.{agent_kind}.") for c in FRAME_CONTENTS}
-            _check_verb_pair(chk, f"verbs.{agent_kind}", pair["threat"], pair["harmless"], rules)
-            verbs[agent_kind] = pair
-        else:
-            verbs[agent_kind] = {EVENT_CONTENT: chk.text(raw_verbs, agent_kind, "verbs.")}
+        if not isinstance(value, Mapping):
+            chk.fail(f"verbs.{agent_kind}", "expected {threat: ..., harmless: ...}", "give both verb phrases")
+        pair = {c: chk.text(value, c, f"verbs.{agent_kind}.") for c in FRAME_CONTENTS}
+        _check_verb_pair(chk, f"verbs.{agent_kind}", pair["threat"], pair["harmless"], rules)
+        verbs[agent_kind] = pair
     extra = set(raw_verbs) - set(AGENT_KINDS)
     if extra:
         chk.fail("verbs", f"unknown agent kinds {sorted(extra)}", f"use only {', '.join(AGENT_KINDS)}")
+    return Item(
+        id=chk.item, number=number, kind=kind, group=group, set=item_set, sentence=sentence,
+        first_person=first_person, content_removed=content_removed, clause=clause, question=question,
+        content_options=options, verbs=verbs, partner=_parse_partner(chk, data), source_file=str(file),
+    )
 
+
+def _parse_partner(chk: _Checker, data: Mapping[str, Any]) -> Partner:
     raw_partner = data.get("partner")
     if not isinstance(raw_partner, Mapping):
         chk.fail("partner", "missing or not a mapping", "give the neutral partner: sentence, content_options, question")
@@ -281,12 +295,34 @@ def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rul
         chk.fail("partner.question", f"{p_question!r} does not end with '?'", "end the question with '?'")
     p_options = chk.two_options(raw_partner, "content_options") if "content_options" in raw_partner else \
         chk.fail("partner.content_options", "missing", "give the partner's two options")
+    return Partner(sentence=p_sentence, content_options=p_options, question=p_question)
+
+
+#: Fields of an agent frame that a secondary-class event must not have (4.3: no agent).
+FRAME_ONLY_FIELDS = ("set", "verbs", "first_person", "content_removed", "clause")
+
+
+def _parse_event(chk: _Checker, data: Mapping[str, Any], number: int, group: str, file: Path) -> Item:
+    """A secondary-class event (4.3): "generic aversive events with no agent ... and
+    surprise-only events ... paired with neutral partners". The sentence has a content slot
+    and no agent or verb slot (name rotation changes only the system prompt); its
+    forced-choice question names the event, as an agent frame's question names its agent."""
+    for fld in FRAME_ONLY_FIELDS:
+        if fld in data:
+            chk.fail(fld, f"events have no agent, so no '{fld}' (protocol 4.3)",
+                     f"remove '{fld}' and write the event itself with a {{content}} slot")
+    sentence = chk.text(data, "sentence")
+    chk.slots(sentence, "sentence", {"content": 1})
+    if not sentence.endswith("."):
+        chk.fail("sentence", f"{sentence!r} does not end with '.'", "end the sentence with a full stop")
+    question = chk.text(data, "question")
+    chk.slots(question, "question", {})
+    if not question.endswith("?"):
+        chk.fail("question", f"{question!r} does not end with '?'", "end the forced-choice question with '?'")
     return Item(
-        id=chk.item, number=number, kind=kind, group=group, set=item_set, sentence=sentence,
-        first_person=first_person, content_removed=content_removed, clause=clause, question=question,
-        content_options=options, verbs=verbs,
-        partner=Partner(sentence=p_sentence, content_options=p_options, question=p_question),
-        source_file=str(file),
+        id=chk.item, number=number, kind="event", group=group, set=group, sentence=sentence, first_person="",
+        content_removed="", clause="", question=question, content_options=chk.two_options(data, "content_options"),
+        verbs={}, partner=_parse_partner(chk, data), source_file=str(file),
     )
 
 
