@@ -228,6 +228,23 @@ def test_audit_power_gate_not_run_is_flagged_and_blocks_registration(tmp_path):
     assert "Power simulation (6.3): **not run**" in markdown(_record())
 
 
+def test_audit_power_refused_record_does_not_freeze_the_next_run(tmp_path):
+    """After a refused registration (e.g. no power result) the fix changes inputs; the freeze
+    check then warns against the refused record instead of blocking the re-run. A registered
+    record still blocks."""
+    from fear_assets.assets.lm import matches_registration_record
+
+    manifest = pd.DataFrame([{"family": "fam", "role": "tested", "checkpoint": "x", "file": "f", "sha256": "0" * 64,
+                              "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])
+    protocol = ProtocolResource(registration_dir=str(tmp_path))
+    write_family_record(tmp_path, _record(status="refused", mode="confirmatory"), confirmatory=True)
+    result = matches_registration_record(protocol=protocol, model_manifest=manifest)
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
+    write_family_record(tmp_path, _record(status="registered", mode="confirmatory"), confirmatory=True)
+    result = matches_registration_record(protocol=protocol, model_manifest=manifest)
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
+
+
 def _reading_context(**labels):
     posteriors = _posteriors(**labels).assign(failed_gates="", rhat=1.0)
     record = _record()
