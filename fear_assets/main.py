@@ -70,8 +70,10 @@ def run(duckdb_path: str | None = None) -> int:
     from fear_assets.modes import GATES_BLOCK
 
     def gated(result: dg.ExecuteInProcessResult) -> bool:
-        """In confirmatory mode a failed gate stops the job (nothing downstream runs)."""
-        return GATES_BLOCK and any(not e.passed for e in result.get_asset_check_evaluations())
+        """In confirmatory mode a failed gate stops the job (nothing downstream runs); a
+        failure with WARN severity (carried to the reading, e.g. in-context binding) does not."""
+        return GATES_BLOCK and any(not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
+                                   for e in result.get_asset_check_evaluations())
 
     depth_keys = registered_partition_keys(SETTINGS, family)
     plan: list[tuple[str, list[str], object]] = [
@@ -82,9 +84,10 @@ def run(duckdb_path: str | None = None) -> int:
                                                           "base_sentence_surprisal"], family),
         (f"matched_frames, zero_preference {family}", ["matched_frames", "zero_preference"], family),
         *[(f"scores {k}", ["scores"], k) for k in depth_keys],
+        # The depth band reads the resolved mentions of report_scoring (4.5, 5), so it comes first.
+        (f"binding_results, report_scoring {family}", ["binding_results", "report_scoring"], family),
         (f"pilot_depths {family}", ["pilot_depths"], family),
         *[(f"pilot_control_scores {k}", ["pilot_control_scores"], k) for k in depth_keys],
-        (f"binding_results, report_scoring {family}", ["binding_results", "report_scoring"], family),
         (f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family),
         (f"pilot_controls {family}", ["pilot_controls"], family),
         (f"registration_record {family}", ["registration_record"], family),

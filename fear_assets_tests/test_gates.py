@@ -168,7 +168,8 @@ def _record(**over) -> dict:
               "replacements": {}, "depth_band": [1, 2], "band_rule": "r", "h5_depth": 2, "h5_rule": "r",
               "pilot_sigma": 0.3, "gates": {"binding (4.2)": {"passed": False, "numbers": {"in-context": "35/40"},
                                                               "message": "below 90%"}},
-              "failed_gates": ["binding (4.2)"], "not_run": []}
+              "failed_gates": ["binding (4.2)"], "not_run": [],
+              "binding_in_context": {"passed": False, "correct": 35, "documents": 40, "message": "below 90%"}}
     record.update(over)
     return record
 
@@ -212,10 +213,12 @@ def test_registration_gates_check_lists_the_failing_gates():
 
 # -- convergence and the reading's inputs (6.1, D5) ---------------------------------------------
 def test_convergence_check_names_the_contrast_that_did_not_converge():
-    table = pd.DataFrame([{"contrast": "H2", "status": "estimated", "rhat": 1.002, "ess_bulk": 900.0, "ess_tail": 800.0,
-                           "divergences": 0, "convergence_problems": ""},
-                          {"contrast": "H5", "status": "estimated", "rhat": 1.05, "ess_bulk": 90.0, "ess_tail": 80.0,
-                           "divergences": 3, "convergence_problems": "R-hat 1.050 > 1.01"}])
+    # "kind" tells the estimands that can change the reading from the rest (issue 10: only they block).
+    table = pd.DataFrame([{"contrast": "H2", "kind": "confirmatory", "status": "estimated", "rhat": 1.002,
+                           "ess_bulk": 900.0, "ess_tail": 800.0, "divergences": 0, "convergence_problems": ""},
+                          {"contrast": "H5", "kind": "confirmatory", "status": "estimated", "rhat": 1.05,
+                           "ess_bulk": 90.0, "ess_tail": 80.0, "divergences": 3,
+                           "convergence_problems": "R-hat 1.050 > 1.01"}])
     result = posteriors_converged(posteriors=table)
     assert not result.passed and "H5: R-hat" in result.description
     assert posteriors_converged(posteriors=table.iloc[:1]).passed
@@ -230,7 +233,9 @@ def test_reading_inputs_treat_unscored_gates_and_controls_conservatively():
         {"contrast": "control_marked_priority", "kind": "control", "status": "not_scored", "label": "",
          "practically_meaningful": False, "control_passed": False}])
     args = reading_inputs(table, _record())
-    assert args["h2"] == "supported" and args["gate_a"] == "unresolved" and args["h5"] == "not_tested"
+    # A gate that was not scored reads not_scored, which never passes (issue 10 item 3; it read
+    # "unresolved" before, which for gate (b) counted as a pass).
+    assert args["h2"] == "supported" and args["gate_a"] == "not_scored" and args["h5"] == "not_tested"
     assert args["controls_failed"] and args["binding_failed"]
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 from fear_assets.analysis.controls import CONTRASTS, CONTROLS, control_verdict
 from fear_assets.analysis.data import AGENTS, levels_of, model_table
 from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells
+from fear_assets.analysis.gate_b import recall_rows
 from fear_assets.analysis.primary_model import Fitter, divergences, hypotheses
 
 
@@ -121,11 +122,14 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         out.fits[name] = fit
         return add(name, kind, h2(fit.mu), fit, note=note)
 
-    recall = primary.assign(outcome=primary["delta_recall"]) if primary["delta_recall"].notna().all() else None
-    if recall is not None:
-        refit("gate_b_recall_H2", recall, "gate", "H2 on the recall branch (gate b; also the recall estimand)")
-    else:
-        out.rows.append(_missing("gate_b_recall_H2", "gate", "not_scored", "the recall branch was not read"))
+    # Gate (b): rows without a recall Delta leave the fit and are counted; not scored only when
+    # H2 cannot be formed (gate_b.recall_rows). A not-scored gate never passes (section8_reading).
+    recall = recall_rows(primary, inputs.band)
+    row = refit("gate_b_recall_H2", recall.data, "gate", recall.note) if recall.scored else \
+        _missing("gate_b_recall_H2", "gate", "not_scored", recall.note)
+    if not recall.scored:
+        out.rows.append(row)
+    row["missing_rows"] = recall.missing
     refit("H2_summed_logprob", primary.assign(outcome=primary["delta_sum"]), "sensitivity",
           "summed rather than per-token log-probability Delta")
     first = primary["delta_first_person"].where(primary["agent"] == "self", primary["delta"])

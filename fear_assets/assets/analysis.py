@@ -21,6 +21,8 @@ from fear_assets.lm.surprisal import require_same_names
 from fear_assets.hashing import derived_seed, sha256_file
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.reading.inputs import convergence_split, reading_inputs
+from fear_assets.reading.inputs import cross_family_statement as cross_family_statement_of
 from fear_assets.registration.freeze import read_record
 from fear_assets.resources.protocol import ProtocolResource
 
@@ -262,40 +264,26 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, sc
 
 @dg.asset_check(asset=posteriors, blocking=GATES_BLOCK, description=(
     "Convergence of every reported contrast (6.1): R-hat <= 1.01, bulk and tail ESS >= 400, "
-    "no divergences. Blocking in confirmatory mode; in pilot mode the reading carries it."))
+    "no divergences. Blocks (confirmatory mode) only on the estimands that can change the "
+    "reading: H1-H5, the gates and the controls; a secondary or sensitivity contrast that "
+    "misses the rule is a warning and a flag on the reading."))
 def posteriors_converged(posteriors: pd.DataFrame) -> dg.AssetCheckResult:
     estimated = posteriors[(posteriors["status"] == "estimated") & posteriors["rhat"].notna()]
-    bad = estimated[estimated["convergence_problems"].fillna("") != ""]
+    blocking, flagged = convergence_split(estimated)
+    listed = lambda bad: " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples())
+    parts = []
+    if len(blocking):
+        parts.append("not converged (H1-H5, gates, controls): " + listed(blocking) +
+                     ". What to change: more tuning and draws (settings: sampler), or more frames where frame effects "
+                     "are not identified (one pilot frame cannot separate them from the intercept); never read a label "
+                     "that did not converge.")
+    if len(flagged):
+        parts.append("secondary/sensitivity not converged (flagged, cannot change the reading): " + listed(flagged))
     return dg.AssetCheckResult(
-        passed=bad.empty,
-        description="every reported contrast converged" if bad.empty else
-        "not converged: " + " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples()) +
-        ". What to change: more tuning and draws (settings: sampler), or more frames where frame effects are not "
-        "identified (one pilot frame cannot separate them from the intercept); never read a label that did not converge.",
-        metadata={"diagnostics": dg.MetadataValue.md(estimated[["contrast", "rhat", "ess_bulk", "ess_tail", "divergences"]]
-                                                     .round(3).to_markdown(index=False))})
-
-
-def reading_inputs(posteriors: pd.DataFrame, record: dict) -> dict:
-    """Labels and flags of D5's table from the estimands: a gate or H5 that was not scored
-    cannot pass (Unresolved; H5 'not_tested'); controls not run count as not passed."""
-    by = posteriors.set_index("contrast")
-
-    def lab(name: str, missing: str = "unresolved") -> str:
-        if name not in by.index or by.loc[name, "status"] != "estimated" or not by.loc[name, "label"]:
-            return missing
-        return str(by.loc[name, "label"])
-
-    controls = posteriors[posteriors["kind"] == "control"]
-    passed = controls["control_passed"] if "control_passed" in controls else pd.Series(False, index=controls.index)
-    controls_failed = bool(len(controls) == 0 or not all(v is True or v == 1 for v in passed.tolist()))
-    binding_failed = not record["gates"]["binding (4.2)"]["passed"] if "binding (4.2)" in record["gates"] else True
-    in_context = record["gates"].get("binding (4.2)", {}).get("numbers", {}).get("in-context", "")
-    return {"h2": lab("H2"), "h5": lab("H5", "not_tested"), "gate_a": lab("gate_a_service_relevance_H2"),
-            "gate_b": lab("gate_b_recall_H2"), "gate_c": lab("gate_c_judge_H2_difference"),
-            "controls_failed": controls_failed, "binding_failed": binding_failed, "gates_underpowered": False,
-            "h2_meaningful": bool(by.loc["H2", "practically_meaningful"]) if "H2" in by.index else False,
-            "in_context": in_context}
+        passed=not parts, severity=dg.AssetCheckSeverity.ERROR if len(blocking) else dg.AssetCheckSeverity.WARN,
+        description="every reported contrast converged" if not parts else " ".join(parts),
+        metadata={"diagnostics": dg.MetadataValue.md(estimated[["contrast", "kind", "rhat", "ess_bulk", "ess_tail",
+                                                                "divergences"]].round(3).to_markdown(index=False))})
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -311,10 +299,17 @@ def section8_reading(context: dg.AssetExecutionContext, posteriors: pd.DataFrame
     args = reading_inputs(posteriors, record)
     in_context = args.pop("in_context")
     reading = fear_assets.section8_reading(**args)
-    not_converged = posteriors[(posteriors["status"] == "estimated") & (posteriors["convergence_problems"].fillna("") != "")]
-    flags = [f for f in str(posteriors["failed_gates"].iloc[0]).split("; ") if f]
+    not_converged, secondary_not_converged = convergence_split(posteriors)
+    flags = [*reading.flags, *(f for f in str(posteriors["failed_gates"].iloc[0]).split("; ") if f)]
+    if args["binding_failed"] and reading.row != 2:
+        flags.append(f"in-context binding {in_context} below the registered rate: H2-H5 uninterpretable")
+    if reading.not_scored_gates:
+        flags.append("gate(s) not scored, cannot pass: " + ", ".join(f"({g})" for g in reading.not_scored_gates))
     if len(not_converged):
         flags.append("NOT CONVERGED: " + ", ".join(not_converged["contrast"]) + " (labels not to be read)")
+    if len(secondary_not_converged):
+        flags.append("secondary/sensitivity not converged (cannot change the reading): "
+                     + ", ".join(secondary_not_converged["contrast"]))
     not_scored = posteriors[posteriors["status"].isin(["not_scored", "not_available"]) &
                             posteriors["kind"].isin(["confirmatory", "gate", "control"])]
     if len(not_scored):
@@ -323,7 +318,9 @@ def section8_reading(context: dg.AssetExecutionContext, posteriors: pd.DataFrame
            "qualifiers": "; ".join(reading.qualifiers), "descriptive_only": reading.descriptive_only,
            **{k: args[k] for k in ("h2", "h5", "gate_a", "gate_b", "gate_c")},
            "controls_failed": args["controls_failed"], "binding_failed": args["binding_failed"],
-           "binding_in_context": in_context, "h2_meaningful": args["h2_meaningful"], "flags": "; ".join(flags)}
+           "binding_in_context": in_context, "h2_meaningful": args["h2_meaningful"],
+           "gates_underpowered": "not run" if args["gates_underpowered"] is None else str(args["gates_underpowered"]),
+           "gates_not_scored": ",".join(reading.not_scored_gates), "flags": "; ".join(flags)}
     context.log.info(f"Section 8 reading for {context.partition_key}: {reading.code} (row {reading.row})")
     return dg.Output(pd.DataFrame([row]), metadata={
         "reading": f"{reading.code} (D5 row {reading.row})",
@@ -337,17 +334,13 @@ def cross_family_statement(context: dg.AssetExecutionContext, protocol: Protocol
                            section8_reading: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """6.2: a statement about current language models in general needs the same H2 label in
     all three registered families (the embedded demo family does not count); until each
-    has a reading, none is made. A pooled estimate would be descriptive only."""
+    has a reading, none is made, and a family whose reading is row 1 or 2 of D5 (all results
+    descriptive; H2-H5 uninterpretable) has no H2 label to enter it. A pooled estimate would
+    be descriptive only."""
     settings = protocol.settings()
     registered = [k for k, f in settings.families.items() if f.role in ("primary", "replication")]
-    have = section8_reading[section8_reading["family"].isin(registered)]
-    labels = dict(zip(have["family"], have["h2"]))
-    missing = [k for k in registered if k not in labels]
-    if missing:
-        statement = f"no general statement: no reading yet for {', '.join(missing)}"
-    elif len(set(labels.values())) == 1:
-        statement = f"H2 is {next(iter(labels.values()))} in all three families: a statement about current language models may be made"
-    else:
-        statement = "no general statement: the families' H2 labels differ (" + ", ".join(f"{k} {v}" for k, v in labels.items()) + ")"
-    table = pd.DataFrame([{"families": json.dumps(labels), "missing": ", ".join(missing), "statement": statement}])
+    result = cross_family_statement_of(section8_reading, registered)
+    statement = result.statement
+    table = pd.DataFrame([{"families": json.dumps(result.labels), "missing": ", ".join(result.missing),
+                           "descriptive_only": json.dumps(result.descriptive), "statement": statement}])
     return dg.Output(table, metadata={"statement": statement})

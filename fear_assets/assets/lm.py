@@ -119,6 +119,9 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
     diffs = frozen_differences(record, current)
     return dg.AssetCheckResult(
         passed=not diffs,
+        # Only a registered record is frozen; a draft or refused one is rewritten by the next
+        # registration_record run (the fix after a failed gate), so differing from it only warns.
+        severity=dg.AssetCheckSeverity.ERROR if record["status"] == "registered" else dg.AssetCheckSeverity.WARN,
         description=f"matches the {record['status']} registration record" if not diffs else
         "differs from the " + record["status"] + " registration record: " + "; ".join(diffs) +
         (". Restore the registered inputs, or file an amendment." if record["status"] == "registered" else

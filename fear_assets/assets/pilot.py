@@ -17,7 +17,7 @@ from fear_assets.resources.models import LanguageModelResource
 
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.lm.name_gate import selected_names
-from fear_assets.pilot.depth_rules import depth_band, h5_depth
+from fear_assets.pilot.depth_rules import depth_band, h5_depth, neutral_mention_rates
 from fear_assets.pilot.matching import (equivalence, event_differences, event_verdicts, frame_differences, frame_verdicts,
                                        matching_problems, read_tost, select_frames)
 from fear_assets.pilot.report_rule import mentions, partner_keywords
@@ -29,28 +29,21 @@ GROUP = "pilot"
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "python"}, ins={"scores": dg.AssetIn(partition_mapping=all_depths_of_family)})
 def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                 scores: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                 scores: pd.DataFrame, report_scoring: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Depth band (H1-H4) and H5 depth, named as depth indices (protocol 5), from pilot
     frames only and pooled over all six cells (no agent-by-content contrast is read): the
     band is the depths at which the generated report mentions the neutral partner on 20-80%
     of trials (else the two closest to 50%); the H5 depth is the deepest depth with pooled
-    forced-choice accuracy in 0.60-0.90 (else the one closest to 0.75)."""
-    settings, bank = protocol.settings(), protocol.bank()
-    neutral = int(settings.design["neutral_partner_option"])
+    forced-choice accuracy in 0.60-0.90 (else the one closest to 0.75). A mention is the
+    resolved outcome of 4.5 (``report_scoring``: keyword rule, blinded scorer, stem pass on
+    disagreement); refusals are their own category and do not enter the rate."""
+    settings = protocol.settings()
     pilot = scores[scores["block"] == "pilot_primary"].copy()
     if pilot.empty:
         raise ValueError("no pilot_primary scores for this family: materialise scores for its depth partitions first")
     pilot["depth_index"] = pilot["depth"].str[1:].astype(int)
-
-    def partner_mentioned(row) -> bool:
-        item = bank.item(row.item_id)
-        return mentions(row.generated_text, partner_keywords(item.partner.sentence,
-                                                             item.partner.content_options[neutral - 1]))
-
-    pilot["mentions_partner"] = [partner_mentioned(r) for r in pilot.itertuples()]
-    by_depth = pilot.groupby("depth_index").agg(trials=("trial_id", "size"),
-                                                neutral_mention_rate=("mentions_partner", "mean"),
-                                                fc_accuracy=("fc_correct", "mean")).reset_index()
+    accuracy = pilot.groupby("depth_index").agg(trials=("trial_id", "size"), fc_accuracy=("fc_correct", "mean"))
+    by_depth = accuracy.reset_index().merge(neutral_mention_rates(report_scoring), on="depth_index", how="left")
     rule, h5 = settings.section("depth_band"), settings.section("h5_depth")
     band, band_rule = depth_band(dict(zip(by_depth.depth_index, by_depth.neutral_mention_rate)),
                                  rule["neutral_mention_low"], rule["neutral_mention_high"], int(rule["min_depths"]),
@@ -66,8 +59,8 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     return dg.Output(table, metadata={
         "depth band": ", ".join(f"d{d}" for d in band), "band rule": band_rule,
         "H5 depth": f"d{h5_index}", "H5 rule": h5_rule,
-        "by depth": dg.MetadataValue.md(table[["depth", "depth_tokens", "trials", "neutral_mention_rate",
-                                               "fc_accuracy", "in_band", "is_h5_depth"]].round(3).to_markdown(index=False)),
+        "by depth": dg.MetadataValue.md(table[["depth", "depth_tokens", "trials", "answers", "refusals", "mentions",
+                                               "neutral_mention_rate", "fc_accuracy", "in_band", "is_h5_depth"]].round(3).to_markdown(index=False)),
     })
 
 
@@ -298,9 +291,10 @@ def _required_per_fear(settings, family_key: str) -> int:
 
 
 @dg.asset_check(asset=binding_results, blocking=GATES_BLOCK, description=(
-    "Protocol 4.2 binding: in-context pass rate >= 90% (else H2-H5 are uninterpretable) and "
-    "every fear keeps its confirmatory frames after replacing frames that fail a "
-    "single-sentence check."))
+    "Protocol 4.2 binding: every fear keeps its confirmatory frames after replacing frames "
+    "that fail a single-sentence check (blocks registration otherwise); the in-context pass "
+    "rate >= 90% (below it H2-H5 are uninterpretable: a warning carried to the Section 8 "
+    "reading as D5 row 2, not a stop)."))
 def binding_gate(binding_results: pd.DataFrame) -> dg.AssetCheckResult:
     first = binding_results.iloc[0]
     shortfall = json.loads(first["frames_to_write"])
@@ -313,6 +307,8 @@ def binding_gate(binding_results: pd.DataFrame) -> dg.AssetCheckResult:
     failing = binding_results[~binding_results["passes"]]
     return dg.AssetCheckResult(
         passed=not problems,
+        # Only the frame shortfall stops registration; the in-context rate is read (D5 row 2).
+        severity=dg.AssetCheckSeverity.ERROR if shortfall else dg.AssetCheckSeverity.WARN,
         description="binding passes: in-context rate "
                     f"{first['in_context_correct']}/{first['in_context_documents']}" if not problems else " | ".join(problems),
         metadata={"in-context": f"{first['in_context_correct']}/{first['in_context_documents']}",
@@ -505,10 +501,13 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
                         pilot_controls: pd.DataFrame, probe_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The Stage 1 registration record of one configuration: frozen hashes (bank, settings,
     model manifest, analysis code), selected names and frames, depth band and H5 depth, the
-    pilot sigma for gate (c), and every gate's outcome with its numbers. Written as JSON and
-    Markdown under data/registration/<family>/ (a draft in pilot mode, registered in
-    confirmatory mode); from then on the freeze check compares every run with it."""
+    pilot sigma for gate (c), every gate's outcome with its numbers, what is carried to the
+    reading (in-context binding, the power result) and the stated deviations. Written as JSON
+    and Markdown under data/registration/<family>/ (a draft in pilot mode; in confirmatory
+    mode registered only when every gate passes, the power gate included, else refused);
+    from then on the freeze check compares every run with it."""
     from fear_assets.lm.models import manifest_digest
+    from fear_assets.registration.gates import binding_outcomes, deviations, power_gate, registration_status
     from fear_assets.registration.record import analysis_code_sha256, write_family_record
 
     settings, bank = protocol.settings(), protocol.bank()
@@ -520,6 +519,12 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     alpha = float(settings.section("matching")["tost_alpha"])
     matching = matching_problems(matched_frames, alpha)
     b0, r0, p0 = binding_results.iloc[0], report_scoring.iloc[0], pilot_depths.iloc[0]
+    # 4.2 / D5 row 2: the in-context rate is carried to the reading; the frame shortfall is a gate.
+    binding_gate_entry, binding_in_context = binding_outcomes(
+        bool(b0["in_context_passed"]), int(b0["in_context_correct"]), int(b0["in_context_documents"]),
+        str(b0["in_context_message"]), int((~binding_results["passes"]).sum()), json.loads(b0["frames_to_write"]))
+    # 6.3: the stored power result (power_summary, issue 11) supplies this; until it exists there is none.
+    power = None
     ctrl = probe_controls[probe_controls["frame_set"] == "pilot"]
     gates = {
         "name_gate (4.2)": {"passed": bool(name_gate["gate_passed"].iloc[0]),
@@ -535,10 +540,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "zero_preference (4.3)": {"passed": bool(zero_preference["gate_passed"].iloc[0]),
                                   "numbers": {"items failing": int(zero_preference.loc[~zero_preference["passes"], "item_id"].nunique())},
                                   "message": str(zero_preference["message"].iloc[0])},
-        "binding (4.2)": {"passed": bool(b0["in_context_passed"]) and json.loads(b0["frames_to_write"]) == {},
-                          "numbers": {"in-context": f"{int(b0['in_context_correct'])}/{int(b0['in_context_documents'])}",
-                                      "frames failing single checks": int((~binding_results["passes"]).sum())},
-                          "message": str(b0["in_context_message"])},
+        "binding single-sentence (4.2)": binding_gate_entry,
         "scorer_agreement (4.5)": {"passed": bool(r0["gate_passed"]),
                                    "numbers": {"kappa": None if pd.isna(r0["kappa"]) else round(float(r0["kappa"]), 3)},
                                    "message": str(r0["message"])},
@@ -554,11 +556,14 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "frame_selection (4.3)": {"passed": not shortfall, "numbers": {"confirmatory frames": len(frames)},
                                   "message": "every fear has its frames" if not shortfall else
                                   "write " + ", ".join(f"{n} frame(s) for {f}" for f, n in shortfall.items())},
+        "power (6.3)": power_gate(power, family_key),
     }
     confirmatory = settings.mode == "confirmatory"
+    failed_gates = [n for n, g in gates.items() if not g["passed"]]
+    zero_band = settings.section("zero_preference")
     record = {
         "protocol": settings.raw["protocol"]["name"], "protocol_version": settings.raw["protocol"]["version"],
-        "family": family_key, "mode": settings.mode, "status": "registered" if confirmatory else "draft",
+        "family": family_key, "mode": settings.mode, "status": registration_status(settings.mode, failed_gates),
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
         "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
@@ -568,8 +573,9 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "pilot_sigma": round(float(pilot_controls["pilot_sigma"].iloc[0]), 6),
         "pilot_sigma_judge": (None if pd.isna(pilot_controls["pilot_sigma_judge"].iloc[0])
                               else round(float(pilot_controls["pilot_sigma_judge"].iloc[0]), 6)),
-        "gates": gates, "failed_gates": [n for n, g in gates.items() if not g["passed"]],
-        "not_run": ["power simulation (6.3, Appendix C step 3): its registered code is not part of this release"],
+        "gates": gates, "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,
+        "not_run": ["power simulation (6.3, Appendix C step 3): no stored power result"] if power is None else [],
+        "deviations": deviations(float(zero_band["low"]), float(zero_band["high"])),
     }
     path = write_family_record(protocol.registration_dir, record, confirmatory)
     table = pd.DataFrame([{"family": family_key, "gate": n, "passed": g["passed"], "numbers": json.dumps(g["numbers"]),

@@ -5,18 +5,65 @@ Neither rule reads any agent-by-content contrast: both pool all six cells.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
+
+import pandas as pd
+
+from fear_assets.errors import FearAssetsError
+from fear_assets.pilot.report_scoring import CATEGORIES
+
+RATE_COLUMNS = ["depth_index", "answers", "refusals", "mentions", "neutral_mention_rate"]
+
+
+def neutral_mention_rates(scored: pd.DataFrame) -> pd.DataFrame:
+    """Per depth, the rate at which the generated report mentions the neutral partner, as the
+    band rule (5) reads it: a mention is the resolved outcome of 4.5 (keyword rule and
+    blinded scorer, the stem pass where they disagree: ``category`` of
+    :func:`~fear_assets.pilot.report_scoring.score_reports`), and refusals are their own
+    category, counted but outside the rate (mentions / non-refusal answers). A depth whose
+    every answer is a refusal has no rate (NaN). ``scored``: one row per (trial, side) with
+    ``depth`` ("d<index>"), ``side`` and ``category``; only the partner side is read."""
+    missing = [c for c in ("depth", "side", "category") if c not in scored.columns]
+    if missing:
+        raise FearAssetsError(f"scored reports lack the column(s) {missing}; pass report_scoring's table "
+                              "(one row per trial and side, with its resolved category)")
+    partner = scored[scored["side"] == "partner"]
+    if partner.empty:
+        raise FearAssetsError("no scored partner reports: materialise report_scoring for this family first")
+    bad = sorted(set(partner["category"]) - set(CATEGORIES), key=str)
+    if bad:
+        raise FearAssetsError(f"column 'category' has {bad}; it must be one of {list(CATEGORIES)} "
+                              "(score the reports with score_reports)")
+    index = partner["depth"].astype(str).str.removeprefix("d")
+    if not index.str.isdigit().all():
+        raise FearAssetsError(f"column 'depth' has {sorted(set(partner['depth'][~index.str.isdigit()]))[:3]}; "
+                              "name depths as d<index>, e.g. d3")
+    grouped = partner.assign(depth_index=index.astype(int)).groupby("depth_index")["category"]
+    rows = []
+    for depth, categories in grouped:
+        mentions, refusals = int((categories == "mention").sum()), int((categories == "refusal").sum())
+        answered = len(categories) - refusals
+        rows.append({"depth_index": int(depth), "answers": len(categories), "refusals": refusals,
+                     "mentions": mentions, "neutral_mention_rate": mentions / answered if answered else math.nan})
+    return pd.DataFrame(rows, columns=RATE_COLUMNS)
 
 
 def depth_band(mention_rate: Mapping[int, float], low: float, high: float, min_depths: int,
                target: float) -> tuple[list[int], str]:
     """Depths at which the generated report mentions the neutral partner on low..high of
     trials; if fewer than ``min_depths`` qualify, the ``min_depths`` depths closest to
-    ``target`` (ties to the shallower depth). Returns (depth indices, rule applied)."""
-    qualifying = sorted(d for d, r in mention_rate.items() if low <= r <= high)
+    ``target`` (ties to the shallower depth). Returns (depth indices, rule applied). A depth
+    without a rate (NaN: every answer a refusal) can neither qualify nor be closest."""
+    rated = {d: r for d, r in mention_rate.items() if r is not None and not math.isnan(r)}
+    if len(rated) < min_depths:
+        raise FearAssetsError(f"only {len(rated)} depth(s) have a neutral-mention rate ({sorted(rated)}); the band "
+                              f"needs {min_depths}. Fix: score the pilot reports at every registered depth (a depth "
+                              "whose answers are all refusals has no rate)")
+    qualifying = sorted(d for d, r in rated.items() if low <= r <= high)
     if len(qualifying) >= min_depths:
         return qualifying, f"neutral-partner mention rate within [{low:.2f}, {high:.2f}]"
-    closest = sorted(mention_rate, key=lambda d: (abs(mention_rate[d] - target), d))[:min_depths]
+    closest = sorted(rated, key=lambda d: (abs(rated[d] - target), d))[:min_depths]
     return sorted(closest), (f"fallback: fewer than {min_depths} depths within [{low:.2f}, {high:.2f}]; "
                              f"the {min_depths} closest to {target:.2f}")
 

@@ -2,8 +2,9 @@
 
 An answer mentions an item when it contains, as whole words and ignoring case, the content
 shown for that item or the item's distinctive phrase (the agent item's verb phrase; the
-partner's subject, e.g. "weekly planning meeting"). The blinded scorer and the stem pass
-come with the pilot gates; this rule is what the depth band reads.
+partner's subject, e.g. "weekly planning meeting"). It is one of the two scorers of 4.5:
+the depth band reads the resolved outcome (rule, blinded scorer, stem pass), not this rule
+alone (:func:`fear_assets.pilot.depth_rules.neutral_mention_rates`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ from typing import Literal
 Label = Literal["practically_equivalent", "supported", "contrary", "unresolved"]
 H5Label = Literal["practically_equivalent", "supported", "contrary", "unresolved", "not_tested"]
 LABELS: tuple[str, ...] = ("practically_equivalent", "supported", "contrary", "unresolved")
+#: A gate whose block or outcome was not scored has no label. It is not a 6.2 label, and it
+#: can neither pass nor fail: see :func:`section8_reading`.
+NOT_SCORED = "not_scored"
+GATE_LABELS: tuple[str, ...] = (*LABELS, NOT_SCORED)
+#: Carried by every reading until the power simulation (6.3) has run for the configuration.
+POWER_GATE_NOT_RUN = "power_gate_not_run"
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,19 @@ class Reading:
     row: int
     qualifiers: tuple[str, ...]
     failed_gates: tuple[str, ...] = ()
+    not_scored_gates: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
 
     @property
     def descriptive_only(self) -> bool:
         return self.row == 1
+
+    @property
+    def h2_readable(self) -> bool:
+        """Whether H2's label may be read as a result: not under row 1 (all results
+        descriptive) nor row 2 (H2-H5 uninterpretable). Only such a family can enter the
+        cross-family statement (6.2)."""
+        return self.row not in (1, 2)
 
 
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -73,40 +88,67 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def section8_reading(h2: str, h5: str, gate_a: str, gate_b: str, gate_c: str, controls_failed: bool,
-                     binding_failed: bool, gates_underpowered: bool, h2_meaningful: bool | None = None) -> Reading:
+                     binding_failed: bool, gates_underpowered: bool | None,
+                     h2_meaningful: bool | None = None) -> Reading:
     """The reading code of one configuration (D5 Table 8, first matching row wins) with the
     qualifiers the protocol requires. ``h2_meaningful``: whether a Supported H2 lies wholly
-    above the SESOI (None: unknown, treated as not shown)."""
+    above the SESOI (None: unknown, treated as not shown).
+
+    ``binding_failed``: the in-context binding pass rate is below 90% (4.2; D5 row 2). A
+    frame-writing shortfall of the single-sentence checks is a registration gate, not this.
+
+    ``gates_underpowered``: the power rule of 6.3 made the gates descriptive (row 7). None
+    means the power simulation has not run: nothing made the gates descriptive, so they are
+    read as registered, and the reading carries the flag ``power_gate_not_run``.
+
+    A gate may be ``not_scored`` (its block or outcome was not scored). Reading taken, since
+    6.2 and Table 8 only name labels: a gate that was not scored never passes (rows 10-12
+    need every gate to pass) and never fails (row 8 needs a Practically equivalent or
+    Contrary label, which is evidence the gate lacks). It is read like an inconclusive gate:
+    row 9 ``SELF_THREAT_WEIGHT_GATES_INCONCLUSIVE``, with the qualifier naming the gate. This
+    holds for gate (b) too: its Unresolved counts as a pass because the branch was run and
+    merely did not decide, whereas a branch that was not scored has shown nothing. Under
+    row 8 a not-scored gate is named beside the failed one."""
     _check("h2", h2, LABELS)
     _check("h5", h5, (*LABELS, "not_tested"))
     for name, gate in (("gate_a", gate_a), ("gate_b", gate_b), ("gate_c", gate_c)):
-        _check(name, gate, LABELS)
+        _check(name, gate, GATE_LABELS)
+    flags = (POWER_GATE_NOT_RUN,) if gates_underpowered is None else ()
+    gates = (("a", gate_a), ("b", gate_b), ("c", gate_c))
+    not_scored = tuple(name for name, gate in gates if gate == NOT_SCORED)
     qualifiers: list[str] = []
     if h2 == "supported" and not h2_meaningful:
         qualifiers.append("not shown to be practically meaningful")
     if h2 == "contrary":
         qualifiers.append("evidence that threats to the self are disfavoured")
+
+    def reading(row: int, extra: tuple[str, ...] = (), failed: tuple[str, ...] = ()) -> Reading:
+        return Reading(READINGS[row], row, (*extra, *qualifiers) if row in (1, 2) else (*qualifiers, *extra),
+                       failed, not_scored, flags)
+
     if controls_failed:
-        return Reading(READINGS[1], 1, ("all results descriptive", *qualifiers))
+        return reading(1, ("all results descriptive",))
     if binding_failed:
-        return Reading(READINGS[2], 2, ("H2-H5 uninterpretable", *qualifiers))
+        return reading(2, ("H2-H5 uninterpretable",))
     if h2 == "unresolved":
-        return Reading(READINGS[3], 3, tuple(qualifiers))
+        return reading(3)
     if h2 == "contrary":
-        return Reading(READINGS[4], 4, tuple(qualifiers))
+        return reading(4)
     if h2 == "practically_equivalent":
-        return Reading(READINGS[5 if h5 == "supported" else 6], 5 if h5 == "supported" else 6, tuple(qualifiers))
+        return reading(5 if h5 == "supported" else 6)
     # H2 Supported
     if gates_underpowered:
-        return Reading(READINGS[7], 7, tuple(qualifiers))
+        return reading(7)
+    unscored = ("gate(s) not scored, so they cannot pass: " + ", ".join(f"({g})" for g in not_scored),) \
+        if not_scored else ()
     fail = {"practically_equivalent", "contrary"}
-    failed = tuple(name for name, gate in (("a", gate_a), ("b", gate_b), ("c", gate_c)) if gate in fail)
+    failed = tuple(name for name, gate in gates if gate in fail)
     if failed:
-        return Reading(READINGS[8], 8, (*qualifiers, "failed gate(s): " + ", ".join(f"({g})" for g in failed)), failed)
-    if "unresolved" in (gate_a, gate_c):  # an Unresolved gate (b) counts as a pass
-        return Reading(READINGS[9], 9, tuple(qualifiers))
+        return reading(8, ("failed gate(s): " + ", ".join(f"({g})" for g in failed), *unscored), failed)
+    if "unresolved" in (gate_a, gate_c) or not_scored:  # an Unresolved gate (b) counts as a pass
+        return reading(9, unscored)
     if h5 == "supported":
-        return Reading(READINGS[10], 10, tuple(qualifiers))
+        return reading(10)
     if h5 in ("practically_equivalent", "contrary"):
-        return Reading(READINGS[11], 11, tuple(qualifiers))
-    return Reading(READINGS[12], 12, tuple(qualifiers))
+        return reading(11)
+    return reading(12)

@@ -72,6 +72,11 @@ def write_family_record(registration_dir: str | Path, record: Mapping[str, Any],
     directory = record_dir(registration_dir, record["family"])
     existing = read_family_record(registration_dir, record["family"])
     if confirmatory and existing is not None and existing.get("status") == "registered":
+        if record.get("status") != "registered":
+            raise FreezeError(f"{directory}/registration_record.json is registered, and this run's record is "
+                              f"{record.get('status')!r} (failed gates: {', '.join(record.get('failed_gates', []))}). "
+                              "A registered record is never replaced by one that is not; fix the failing gates, or "
+                              "file an amendment (move the old record aside).")
         diffs = frozen_differences(existing, record)
         if diffs:
             raise FreezeError(f"{directory}/registration_record.json is registered and differs: {'; '.join(diffs)}. "
@@ -108,6 +113,24 @@ def markdown(record: Mapping[str, Any]) -> str:
                      f"{gate['message'].replace('|', '/')} |")
     failed = [n for n, g in record["gates"].items() if not g["passed"]]
     lines += ["", f"Failed gates: {', '.join(failed) if failed else 'none'}."]
+    carried = []
+    if record.get("binding_in_context"):
+        b = record["binding_in_context"]
+        carried.append(f"- In-context binding (4.2): {b['correct']}/{b['documents']}, "
+                       f"{'passes' if b['passed'] else '**below the registered rate: H2-H5 uninterpretable (D5 row 2)**'}"
+                       f" ({b['message']})")
+    if "power" in record:
+        power = record["power"]
+        carried.append("- Power simulation (6.3): " + ("**not run**: every reading carries `power_gate_not_run`"
+                                                       if power is None else
+                                                       f"gates underpowered: {power.get('gates_underpowered')}"))
+    if carried:
+        lines += ["", "## Carried to the Section 8 reading", "", *carried]
+    if record.get("deviations"):
+        lines += ["", "## Deviations from the protocol's wording", "",
+                  "| section | protocol | implemented | why |", "|---|---|---|---|"]
+        lines += [f"| {d['section']} | {d['protocol']} | {d['implemented']} | {d['why']} |".replace("\n", " ")
+                  for d in record["deviations"]]
     return "\n".join(lines) + "\n"
 
 

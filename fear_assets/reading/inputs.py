@@ -1,0 +1,127 @@
+"""What the Section 8 reading reads (protocol 6.2, 6.3, 8; D5): the labels and flags of one
+configuration, taken from its estimands (the ``posteriors`` table) and its registration
+record, and the cross-family statement over the configurations' readings.
+
+Pure functions of tables and the record's JSON, so the rules that decide a reading sit
+under the registered code hash (``reading/``) rather than in the Dagster wiring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from fear_assets.errors import FearAssetsError
+from fear_assets.reading.decision import NOT_SCORED
+
+#: Estimands that can change the reading (6.2: H1-H5 are judged by the rule, the gates and
+#: the controls decide rows 1 and 7-12). Secondary and sensitivity rows "cannot change the
+#: reading" (4.5, 5), so their convergence is reported, never a reason to stop.
+READING_KINDS = ("confirmatory", "gate", "control")
+GATE_CONTRASTS = {"gate_a": "gate_a_service_relevance_H2", "gate_b": "gate_b_recall_H2",
+                  "gate_c": "gate_c_judge_H2_difference"}
+#: The record fields the reading reads (written by the ``registration_record`` asset).
+BINDING_FIELD = "binding_in_context"
+#: A stored power result (6.3; ``power_summary``, issue 11) puts its decisions under this key
+#: of the registration record; the reading reads ``gates_underpowered`` from it.
+POWER_FIELD = "power"
+
+
+def _label(by: pd.DataFrame, name: str, missing: str) -> str:
+    if name not in by.index or by.loc[name, "status"] != "estimated" or not by.loc[name, "label"]:
+        return missing
+    return str(by.loc[name, "label"])
+
+
+def binding_in_context_failed(record: Mapping[str, Any]) -> bool:
+    """D5 row 2: the in-context binding pass rate (4.2) is below 90%. A rate that was not
+    measured (no in-context documents scored) has not shown the binding either, so it counts
+    as failed; the record's message says which. The single-sentence checks' frame-writing
+    shortfall is not read here: it is a registration gate (the record's ``gates``)."""
+    entry = record.get(BINDING_FIELD)
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("passed"), bool):
+        raise FearAssetsError(
+            f"registration record of family {record.get('family')!r}: field {BINDING_FIELD!r} is "
+            f"{entry!r}; it must hold the in-context binding outcome ({{'passed': true/false, ...}}). "
+            "Fix: re-materialise registration_record for this family")
+    return not entry["passed"]
+
+
+def gates_underpowered(record: Mapping[str, Any]) -> bool | None:
+    """Whether the power rule of 6.3 made the gates descriptive, from the stored power result
+    in the record (``record['power']['gates_underpowered']``); None when no power result is
+    stored, i.e. the simulation has not run (the reading then carries ``power_gate_not_run``)."""
+    power = record.get(POWER_FIELD)
+    if power is None:
+        return None
+    value = power.get("gates_underpowered") if isinstance(power, Mapping) else None
+    if not isinstance(value, bool):
+        raise FearAssetsError(
+            f"registration record of family {record.get('family')!r}: field "
+            f"{POWER_FIELD}.gates_underpowered is {value!r}; the stored power result must say true or false "
+            "(6.3: whether the gates are the source of a shortfall). Fix: re-run power_summary, then "
+            "registration_record")
+    return value
+
+
+def reading_inputs(posteriors: pd.DataFrame, record: Mapping[str, Any]) -> dict:
+    """Labels and flags of D5's table from the estimands and the record. A gate that was
+    not scored is ``not_scored`` (it cannot pass; see ``section8_reading``), an H5 that was
+    not scored is ``not_tested``, controls that were not run count as not passed."""
+    by = posteriors.set_index("contrast")
+    controls = posteriors[posteriors["kind"] == "control"]
+    passed = controls["control_passed"] if "control_passed" in controls else pd.Series(False, index=controls.index)
+    controls_failed = bool(len(controls) == 0 or not all(v is True or v == 1 for v in passed.tolist()))
+    binding = record.get(BINDING_FIELD) or {}
+    return {"h2": _label(by, "H2", "unresolved"), "h5": _label(by, "H5", "not_tested"),
+            **{gate: _label(by, name, NOT_SCORED) for gate, name in GATE_CONTRASTS.items()},
+            "controls_failed": controls_failed, "binding_failed": binding_in_context_failed(record),
+            "gates_underpowered": gates_underpowered(record),
+            "h2_meaningful": bool(by.loc["H2", "practically_meaningful"]) if "H2" in by.index else False,
+            "in_context": f"{binding.get('correct', '?')}/{binding.get('documents', '?')}"}
+
+
+def convergence_split(posteriors: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Estimated rows that miss the convergence rule (6.1), split into those that can change
+    the reading (H1-H5, gates, controls: their labels must not be read) and the secondary
+    and sensitivity rows (flagged, reported, never a reason to stop)."""
+    estimated = posteriors[posteriors["status"] == "estimated"]
+    bad = estimated[estimated["convergence_problems"].fillna("") != ""]
+    reading = bad["kind"].isin(READING_KINDS)
+    return bad[reading], bad[~reading]
+
+
+@dataclass(frozen=True)
+class CrossFamily:
+    labels: dict[str, str]  # H2 label of every family that may enter the statement
+    missing: list[str]  # registered families with no reading yet
+    descriptive: dict[str, int]  # families whose reading is row 1 or 2 -> that row
+    statement: str
+
+
+def cross_family_statement(readings: pd.DataFrame, registered: Sequence[str]) -> CrossFamily:
+    """6.2: "A statement about current language models in general requires the same label on
+    H2 in all three families." ``readings`` has one row per family (``family``, ``h2``,
+    ``row``). A family whose reading is row 1 (controls failed: all results descriptive) or
+    row 2 (binding failed: H2-H5 uninterpretable) has no H2 label to compare, so it cannot
+    enter the statement, and without it there is no statement."""
+    have = readings[readings["family"].isin(registered)]
+    rows = dict(zip(have["family"], have["row"].astype(int)))
+    descriptive = {k: r for k, r in rows.items() if r in (1, 2)}
+    labels = {k: v for k, v in zip(have["family"], have["h2"]) if k not in descriptive}
+    missing = [k for k in registered if k not in rows]
+    if missing:
+        statement = f"no general statement: no reading yet for {', '.join(missing)}"
+    elif descriptive:
+        statement = ("no general statement: H2 has no readable label in " + ", ".join(
+            f"{k} (row {r}: {'all results descriptive' if r == 1 else 'H2-H5 uninterpretable'})"
+            for k, r in descriptive.items()))
+    elif len(set(labels.values())) == 1:
+        statement = (f"H2 is {next(iter(labels.values()))} in all {len(labels)} families: a statement about "
+                     "current language models may be made")
+    else:
+        statement = ("no general statement: the families' H2 labels differ ("
+                     + ", ".join(f"{k} {v}" for k, v in labels.items()) + ")")
+    return CrossFamily(labels, missing, descriptive, statement)

@@ -1,0 +1,74 @@
+"""Registration-gate verdicts of the record that are more than a copied flag (protocol 4.2,
+6.3; Appendix C steps 3-4), the record's status, and the stated deviations.
+
+Pure functions of the pilot outputs' numbers; the ``registration_record`` asset wires them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+#: Statuses of a registration record: a pilot run writes a draft; a confirmatory run
+#: registers only when every registration gate passes, and otherwise refuses.
+DRAFT, REGISTERED, REFUSED = "draft", "registered", "refused"
+
+
+def binding_outcomes(in_context_passed: bool, in_context_correct: int, in_context_documents: int,
+                     in_context_message: str, frames_failing: int,
+                     frames_to_write: Mapping[str, int]) -> tuple[dict, dict]:
+    """The two parts of binding (4.2), which the protocol treats differently:
+
+    - the single-sentence checks replace failing frames; a fear left short of frames blocks
+      registration (returned as a registration gate, what to write per fear);
+    - the in-context pass rate below 90% declares H2-H5 uninterpretable: D5 row 2, carried
+      to the reading (returned as the record's ``binding_in_context``), not a gate on
+      registration, because the protocol reads it rather than stopping on it.
+    """
+    short = {f: int(n) for f, n in frames_to_write.items() if int(n) > 0}
+    gate = {"passed": not short,
+            "numbers": {"frames failing single checks": int(frames_failing),
+                        "frames to write": ", ".join(f"{f} {n}" for f, n in short.items()) or "none"},
+            "message": "every fear keeps its frames after replacing frames that fail a single-sentence check"
+            if not short else "after replacing frames that fail a single-sentence check, write "
+            + ", ".join(f"{n} frame(s) for {f}" for f, n in short.items()) + " before registration (4.2, 4.3)"}
+    in_context = {"passed": bool(in_context_passed), "correct": int(in_context_correct),
+                  "documents": int(in_context_documents), "message": str(in_context_message)}
+    return gate, in_context
+
+
+def power_gate(power: Mapping[str, Any] | None, family: str) -> dict:
+    """The power gate (6.3, Appendix C step 3) as a registration gate: it passes once a
+    stored power result (``power_summary``) is in the record; the result's own check judges
+    the targets, and its decisions (gates underpowered, estimation-only hypotheses, frames
+    added) travel with it. Without one no configuration is registered."""
+    if power is None:
+        return {"passed": False, "numbers": {"power result": "none"},
+                "message": f"the power simulation (6.3, Appendix C step 3) has not run for {family}: materialise "
+                           f"power_summary for {family}, then registration_record; confirmatory mode does not "
+                           "register without it, and every reading carries power_gate_not_run until then"}
+    return {"passed": True, "numbers": {"gates underpowered": power.get("gates_underpowered")},
+            "message": "stored power result (its targets are judged by power_summary's check)"}
+
+
+def registration_status(mode: str, failed_gates: list[str]) -> str:
+    """``draft`` in pilot mode; in confirmatory mode ``registered`` only when every
+    registration gate passes, else ``refused`` (the record says which gates failed)."""
+    if mode != "confirmatory":
+        return DRAFT
+    return REFUSED if failed_gates else REGISTERED
+
+
+def deviations(zero_preference_low: float, zero_preference_high: float) -> list[dict]:
+    """Where the implementation reads the protocol in a way its wording does not state,
+    said in the record so that a reviewer sees it before collection."""
+    return [{
+        "section": "4.3 zero preference",
+        "protocol": f"with no document, the option probabilities of every forced-choice question lie within "
+                    f"{zero_preference_low:g}-{zero_preference_high:g}",
+        "implemented": "P(content option 1) is averaged over the question's two listing orders (option 1 as A, "
+                       "then as B) before the band is applied",
+        "why": "the listing order is counterbalanced in every cell and H5's criterion has an option-position "
+               "term, so a preference for a letter or a position is absorbed by the design; read per listing, "
+               "the band would reject frames for a letter bias, which is not a preference for a content. The "
+               "mean P(first-listed letter) is reported beside the gate",
+    }]
