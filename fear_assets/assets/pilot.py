@@ -500,7 +500,7 @@ def _final_selection(settings, bank, family_key, matched, binding, zero) -> tupl
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
-          kinds={"duckdb", "json"})
+          kinds={"duckdb", "json"}, deps=[dg.AssetKey("power_summary")])  # 6.3 before registration
 def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolResource, name_gate: pd.DataFrame,
                         model_manifest: pd.DataFrame, matched_frames: pd.DataFrame, zero_preference: pd.DataFrame,
                         binding_results: pd.DataFrame, report_scoring: pd.DataFrame, pilot_depths: pd.DataFrame,
@@ -511,7 +511,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     Markdown under data/registration/<family>/ (a draft in pilot mode, registered in
     confirmatory mode); from then on the freeze check compares every run with it."""
     from fear_assets.lm.models import manifest_digest
-    from fear_assets.registration.record import analysis_code_sha256, write_family_record
+    from fear_assets.registration.record import analysis_code_sha256, read_power_section, write_family_record
 
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
@@ -557,6 +557,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
                                   "write " + ", ".join(f"{n} frame(s) for {f}" for f, n in shortfall.items())},
     }
     confirmatory = settings.mode == "confirmatory"
+    power = read_power_section(protocol.registration_dir, family_key)  # written by power_summary (6.3)
     record = {
         "protocol": settings.raw["protocol"]["name"], "protocol_version": settings.raw["protocol"]["version"],
         "family": family_key, "mode": settings.mode, "status": "registered" if confirmatory else "draft",
@@ -570,7 +571,8 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "pilot_sigma_judge": (None if pd.isna(pilot_controls["pilot_sigma_judge"].iloc[0])
                               else round(float(pilot_controls["pilot_sigma_judge"].iloc[0]), 6)),
         "gates": gates, "failed_gates": [n for n, g in gates.items() if not g["passed"]],
-        "not_run": ["power simulation (6.3, Appendix C step 3): its registered code is not part of this release"],
+        "not_run": [] if power else ["power simulation (6.3, Appendix C step 3): power_summary not materialised"],
+        "power": power,
     }
     path = write_family_record(protocol.registration_dir, record, confirmatory)
     table = pd.DataFrame([{"family": family_key, "gate": n, "passed": g["passed"], "numbers": json.dumps(g["numbers"]),
