@@ -213,7 +213,7 @@ def main() -> int:
     settings = load_settings()
     frames = args.frames or (5 if args.quick else 50)
     depths = args.depths or (2 if args.quick else 8)
-    n = args.datasets or (3 if args.quick else 5)
+    n = args.datasets or (2 if args.quick else 5)
     cap = args.b_cap or (150.0 if args.quick else 3600.0)
     sampler = settings.section("sampler")
     draws, tune, chains = int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"])
@@ -301,5 +301,23 @@ def main() -> int:
     return 0
 
 
+def markdown(variant: str = "quick") -> str:
+    """A RESULTS.md section from benchmarks/results/power.json (``--markdown``)."""
+    r = json.loads(RESULTS_JSON.read_text())[variant]
+    lines = [f"| arm | s/dataset (wall) | CPU s/dataset | min H2 ESS (bulk, tail) | s to ESS 400 | datasets/h at ESS 400 |",
+             "|---|---|---|---|---|---|"]
+    names = {"a": "(a) compile once + with_data + warm start", "c": "(c) nutpie with_data loop",
+             "b": "(b) simuk-style pm.sample, recompiling", "b_nutpie": "(b') nutpie, recompiling"}
+    for k in ("a", "c", "b", "b_nutpie"):
+        p = r["per_dataset"][k]
+        lines.append(f"| {names[k]} | {p.get('wall_s', float('nan')):.1f} | {p.get('cpu_s', float('nan')):.1f} | "
+                     f"{p.get('min_ess_h2', float('nan')):.0f} | {p['s_to_ess400']:.1f} | {p['datasets_per_hour']:.1f}"
+                     f"{' (bound)' if p.get('lower_bound') else ''} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if "--markdown" in sys.argv:
+        print(markdown(sys.argv[-1] if sys.argv[-1] in ("quick", "full") else "quick"))
+        sys.exit(0)
     sys.exit(main())

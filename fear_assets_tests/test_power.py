@@ -213,3 +213,32 @@ def test_small_simulation_recovers_the_effect_and_keeps_false_positives_rare(set
     assert rows["H2 Supported at the meaningful size"]["rate"] == (h2[h2["scenario"] == "meaningful"]["label"]
                                                                    == "supported").mean()
     assert d["status"].startswith("partial")
+
+
+# --- Dagster wiring: partitions, resume --------------------------------------------------
+def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_path):
+    import json
+
+    import dagster as dg
+
+    from fear_assets.assets.simulation import _run_key, batch_keys_of, power_simulation
+    from fear_assets.resources.protocol import ProtocolResource
+
+    keys = batch_keys_of(settings, "qwen2.5-7b")
+    p = settings.section("power")
+    assert len(keys) == len(p["scenarios"]) * 6 * (p["datasets"] // p["batch_size"])  # 50..100 frames
+    assert keys[0] == "meaningful.f050.b000"
+    demo = batch_keys_of(settings, "smollm2-135m")
+    assert demo == [f"{s}.f{p['demo']['frames']:03d}.b000" for s in p["demo"]["scenarios"]]
+    est = pd.DataFrame([{"estimates_json": json.dumps(_estimates().as_dict()), "band": "d1,d2"}])
+    protocol = ProtocolResource(cache_dir=str(tmp_path / "cache"))
+    path = batch_path(tmp_path / "power", "smollm2-135m", demo[0], _run_key(settings, "smollm2-135m", est))
+    write_batch(path, _full([("supported", 20)]).head(2))
+    key = dg.MultiPartitionKey({"family": "smollm2-135m", "batch": demo[0]})
+    context = dg.build_asset_context(partition_key=key)
+    result = power_simulation(context, protocol=protocol, power_pilot_estimates=est)
+    assert result.metadata["resumed"] is True or result.metadata["resumed"].value is True
+    wrong = dg.build_asset_context(partition_key=dg.MultiPartitionKey({"family": "smollm2-135m", "batch": keys[0]}),
+                                   )
+    with pytest.raises(ValueError, match="not part of family smollm2-135m"):
+        power_simulation(wrong, protocol=protocol, power_pilot_estimates=est)

@@ -132,7 +132,15 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
                                     "controls (pilot means)": json.dumps({k: round(v, 3) for k, v in controls.items()})})
 
 
-@dg.asset(group_name=GROUP, partitions_def=power_partitions, kinds={"pymc", "parquet"},
+#: Each batch step samples 2 chains (one per core). Pool "power" bounds how many run at once on
+#: one machine (`dagster instance concurrency set power <cores / 2>`); under the Kubernetes
+#: executor each step is its own pod with these requests (deploy/kubernetes/power.md).
+POWER_OP_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {
+    "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}}}}
+
+
+@dg.asset(group_name=GROUP, partitions_def=power_partitions, kinds={"pymc", "parquet"}, pool="power",
+          op_tags=POWER_OP_TAGS,
           ins={"power_pilot_estimates": dg.AssetIn(partition_mapping=family_of_batch)})
 def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                      power_pilot_estimates: pd.DataFrame) -> dg.MaterializeResult:
