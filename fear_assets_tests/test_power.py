@@ -177,10 +177,13 @@ def test_swapping_data_gives_the_posterior_of_a_fresh_compile(settings, small):
     beta = true_beta(est, design.data, design.band, agent_effects(0.3))
     a = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(11))
     b = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(12))
-    fitter.fit(a, seed=5)  # compiles for this shape
-    swapped = fitter.fit(b, seed=5)  # same compiled model, b's data swapped in
-    fresh = Fitter(Priors.from_settings(settings), draws=100, tune=100, chains=2).fit(b, seed=5)
-    assert fitter.compilations == 1
+    # Short chains: the test compares two samplers' draws, not the posterior's quality.
+    quick = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2)
+    quick._compiled = fitter._compiled  # share the module's compiled model (one compilation per shape)
+    quick.fit(a, seed=5)  # compiles for this shape (or reuses the module's)
+    swapped = quick.fit(b, seed=5)  # same compiled model, b's data swapped in
+    fresh = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2).fit(b, seed=5)
+    assert len(fitter._compiled) == 1
     np.testing.assert_allclose(posterior_draws(swapped, "beta"), posterior_draws(fresh, "beta"), rtol=1e-6, atol=1e-9)
 
 

@@ -100,7 +100,7 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
                           assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame, pilot_depths: pd.DataFrame,
                           pilot_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """6.3: the pilot estimates the simulation generates from: posterior means of the registered
-    primary model on the pilot frames (fixed effects, frame and unit variance components,
+    primary model (the demo family: with the demo's shorter sampler) on the pilot frames (fixed effects, frame and unit variance components,
     residual scale, nu), the spread of the two surprisal covariates, and the pilot contrasts
     of the positive controls."""
     from fear_assets.analysis.data import model_table
@@ -116,11 +116,7 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
     table = model_table(_pilot_unmasked(rows, assignment_key), sentence_surprisal, fears_of,
                         int(settings.design["neutral_partner_option"]))
-    sampler = settings.section("sampler")
-    from fear_assets.analysis.primary_model import Fitter, Priors
-
-    fitter = Fitter(Priors.from_settings(settings), int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"]))
-    fit = fit_cells(fitter, table, settings.fears, band,
+    fit = fit_cells(_fitter(settings, family_key), table, settings.fears, band,
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
     est = pilot_estimates(fit.idata, fit.data, controls)
@@ -149,7 +145,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     swapped per dataset); labels, HDIs and every fit's R-hat, ESS and divergences go to one
     Parquet file. A batch whose file exists is finished and is not refitted."""
     from fear_assets.simulation.design import simulated_design
-    from fear_assets.simulation.generator import PilotEstimates
+    from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
     from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
     from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
 
@@ -175,8 +171,9 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
                               dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
     fitter = _fitter(settings, family_key)
     t = time.perf_counter()
+    blocks = tuple(p["demo"]["blocks"]) if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
-                       settings.master_seed, log=context.log.info)
+                       settings.master_seed, log=context.log.info, blocks=blocks)
     write_batch(path, labels)
     return dg.MaterializeResult(metadata={
         "path": str(path), "datasets": len(datasets), "rows (trials per block)": design.rows,
