@@ -10,6 +10,7 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from fear_assets.assets import analysis, design, lm, pilot, probes, stimuli
+from fear_assets.assets import simulation  # the power gate (6.3)
 from fear_assets.resources import ProtocolResource, store_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
@@ -18,10 +19,12 @@ all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assig
               pilot.matched_frames, pilot.zero_preference, pilot.binding_results, pilot.report_scoring,
               pilot.pilot_controls, pilot.registration_record, probes.probes, analysis.h4_posterior,
               analysis.posteriors, analysis.section8_reading, analysis.cross_family_statement]
+all_assets += [simulation.power_pilot_estimates, simulation.power_simulation, simulation.power_summary]
 all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names, lm.matches_registration_record,
               probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged,
               pilot.matching_gate, pilot.zero_preference_gate, pilot.binding_gate, pilot.scorer_agreement,
               pilot.positive_controls_pass, pilot.registration_gates, analysis.posteriors_converged]
+all_checks += [simulation.power_targets_met]
 
 #: Everything that exists so far for one family; the main job runs it per partition.
 foundation_job = dg.define_asset_job(

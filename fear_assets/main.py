@@ -23,6 +23,20 @@ def _embedded_family(settings) -> str:
     return next(k for k, f in settings.families.items() if f.role == "embedded")
 
 
+def power_note(settings, family: str) -> str:
+    """The power gate's line in the summary (its figures are in the registration record)."""
+    from fear_assets.registration.record import read_power_section
+    from fear_assets.settings import DEFAULT_REGISTRATION_DIR
+
+    p = read_power_section(DEFAULT_REGISTRATION_DIR, family)
+    if not p:
+        return ""
+    fitted = f"{p['datasets_fitted']} dataset(s), {p['fits']} contrast fits"
+    return (f"POWER GATE (6.3) for {family}: {p['note'] or 'registered simulation'}\n  {fitted}; status: {p['status']}; "
+            f"frames {p['frames']}; estimation-only: {', '.join(p['estimation_only']) or 'none'}; "
+            f"fits missing the convergence rule: {p['fits_missing_convergence_rule']}")
+
+
 def run(duckdb_path: str | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as steps finish
     os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
@@ -76,6 +90,7 @@ def run(duckdb_path: str | None = None) -> int:
                                    for e in result.get_asset_check_evaluations())
 
     depth_keys = registered_partition_keys(SETTINGS, family)
+    from fear_assets.assets.simulation import power_partition_keys
     plan: list[tuple[str, list[str], object]] = [
         (f"name_gate {family}", ["name_gate"], family),
         *[(f"trial_table, assignment_key {k}", ["trial_table", "assignment_key"], k) for k in depth_keys],
@@ -90,6 +105,11 @@ def run(duckdb_path: str | None = None) -> int:
         *[(f"pilot_control_scores {k}", ["pilot_control_scores"], k) for k in depth_keys],
         (f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family),
         (f"pilot_controls {family}", ["pilot_controls"], family),
+        # 6.3 (issue 11): the power gate, as a REDUCED DEMO simulation (not the registered one).
+        (f"power_pilot_estimates {family}", ["power_pilot_estimates"], family),
+        *[(f"power_simulation {k.keys_by_dimension['batch']} (demo)", ["power_simulation"], k)
+          for k in power_partition_keys(SETTINGS, family)],
+        (f"power_summary {family} (demo)", ["power_summary"], family),
         (f"registration_record {family}", ["registration_record"], family),
         (f"h4_posterior {family}", ["h4_posterior"], family),
         (f"posteriors, section8_reading {family}", ["posteriors", "section8_reading"], family),
@@ -141,6 +161,9 @@ def run(duckdb_path: str | None = None) -> int:
     print(f"  labels: H2 {r['h2']}, H5 {r['h5']}, gate (a) {r['gate_a']}, gate (b) {r['gate_b']}, gate (c) {r['gate_c']}")
     print(f"  qualifiers: {r['qualifiers'] or 'none'}")
     print(f"  flags: {r['flags'] or 'none'}")
+    power = power_note(SETTINGS, family)
+    if power:
+        print(power)
     print(f"DuckDB file: {db}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")

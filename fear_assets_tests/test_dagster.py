@@ -43,7 +43,8 @@ def test_definitions_load_and_checks_are_blocking():
     defs.resolve_all_job_defs()
     gates = {"five_single_token_names", "matches_registration_record", "controls_at_chance", "pilot_probe_rules",
              "h4_converged", "matching_gate", "zero_preference_gate", "binding_gate", "scorer_agreement",
-             "positive_controls_pass", "registration_gates", "posteriors_converged"}
+             "positive_controls_pass", "registration_gates", "posteriors_converged",
+             "power_targets_met"}  # 6.3's power gate (issue 11)
     assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", *gates}
     integrity = [c for c in all_checks if c.check_key.name in ("bank_freeze", "accounting_closed")]
     assert all(spec.blocking for c in integrity for spec in c.check_specs)

@@ -494,7 +494,7 @@ def _final_selection(settings, bank, family_key, matched, binding, zero) -> tupl
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
-          kinds={"duckdb", "json"})
+          kinds={"duckdb", "json"}, deps=[dg.AssetKey("power_summary")])  # 6.3 before registration
 def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolResource, name_gate: pd.DataFrame,
                         model_manifest: pd.DataFrame, matched_frames: pd.DataFrame, zero_preference: pd.DataFrame,
                         binding_results: pd.DataFrame, report_scoring: pd.DataFrame, pilot_depths: pd.DataFrame,
@@ -507,8 +507,9 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     mode registered only when every gate passes, the power gate included, else refused);
     from then on the freeze check compares every run with it."""
     from fear_assets.lm.models import manifest_digest
-    from fear_assets.registration.gates import binding_outcomes, deviations, power_gate, registration_status
-    from fear_assets.registration.record import analysis_code_sha256, write_family_record
+    from fear_assets.registration.gates import (binding_outcomes, deviations, power_gate, registered_power_result,
+                                                registration_status)
+    from fear_assets.registration.record import analysis_code_sha256, read_power_section, write_family_record
 
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
@@ -523,8 +524,8 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     binding_gate_entry, binding_in_context = binding_outcomes(
         bool(b0["in_context_passed"]), int(b0["in_context_correct"]), int(b0["in_context_documents"]),
         str(b0["in_context_message"]), int((~binding_results["passes"]).sum()), json.loads(b0["frames_to_write"]))
-    # 6.3: the stored power result (power_summary, issue 11) supplies this; until it exists there is none.
-    power = None
+    # 6.3: the stored power result, written by power_summary (None until it has run).
+    power = read_power_section(protocol.registration_dir, family_key)
     ctrl = probe_controls[probe_controls["frame_set"] == "pilot"]
     gates = {
         "name_gate (4.2)": {"passed": bool(name_gate["gate_passed"].iloc[0]),
@@ -574,7 +575,9 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "pilot_sigma_judge": (None if pd.isna(pilot_controls["pilot_sigma_judge"].iloc[0])
                               else round(float(pilot_controls["pilot_sigma_judge"].iloc[0]), 6)),
         "gates": gates, "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,
-        "not_run": ["power simulation (6.3, Appendix C step 3): no stored power result"] if power is None else [],
+        "not_run": [] if registered_power_result(power) else
+                   ["power simulation (6.3, Appendix C step 3): no registered power result (none stored, "
+                    "a reduced demo, or incomplete)"],
         "deviations": deviations(float(zero_band["low"]), float(zero_band["high"])),
     }
     path = write_family_record(protocol.registration_dir, record, confirmatory)

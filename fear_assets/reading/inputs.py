@@ -13,6 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from fear_assets.registration.gates import registered_power_result
+
 from fear_assets.errors import FearAssetsError
 from fear_assets.reading.decision import NOT_SCORED
 
@@ -52,9 +54,10 @@ def binding_in_context_failed(record: Mapping[str, Any]) -> bool:
 def gates_underpowered(record: Mapping[str, Any]) -> bool | None:
     """Whether the power rule of 6.3 made the gates descriptive, from the stored power result
     in the record (``record['power']['gates_underpowered']``); None when no power result is
-    stored, i.e. the simulation has not run (the reading then carries ``power_gate_not_run``)."""
+    stored, i.e. the simulation has not run (the reading then carries ``power_gate_not_run``).
+    A reduced demo or an incomplete simulation decides nothing, so it reads as not run too."""
     power = record.get(POWER_FIELD)
-    if power is None:
+    if not registered_power_result(power):
         return None
     value = power.get("gates_underpowered") if isinstance(power, Mapping) else None
     if not isinstance(value, bool):

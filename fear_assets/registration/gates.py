@@ -36,18 +36,40 @@ def binding_outcomes(in_context_passed: bool, in_context_correct: int, in_contex
     return gate, in_context
 
 
+def registered_power_result(power: Mapping[str, Any] | None) -> bool:
+    """Whether a stored power result is the registered simulation's decision (6.3): stored,
+    not the embedded family's reduced demo, and complete (every target computable). A demo
+    or a partial result (blocks not yet simulated) is shown in the record but decides nothing."""
+    return bool(power) and not power.get("demo", False) and power.get("status") == "complete"
+
+
 def power_gate(power: Mapping[str, Any] | None, family: str) -> dict:
-    """The power gate (6.3, Appendix C step 3) as a registration gate: it passes once a
-    stored power result (``power_summary``) is in the record; the result's own check judges
-    the targets, and its decisions (gates underpowered, estimation-only hypotheses, frames
-    added) travel with it. Without one no configuration is registered."""
+    """The power gate (6.3, Appendix C step 3) as a registration gate: it passes once the
+    registered simulation's complete result (``power_summary``) is in the record; its
+    decisions (gates underpowered, estimation-only hypotheses, frames added) travel with it.
+    A shortfall traced to the positive controls fails it: 6.3 has their manipulations
+    strengthened once in the pilot, and a configuration still short is not run."""
     if power is None:
         return {"passed": False, "numbers": {"power result": "none"},
                 "message": f"the power simulation (6.3, Appendix C step 3) has not run for {family}: materialise "
                            f"power_summary for {family}, then registration_record; confirmatory mode does not "
                            "register without it, and every reading carries power_gate_not_run until then"}
-    return {"passed": True, "numbers": {"gates underpowered": power.get("gates_underpowered")},
-            "message": "stored power result (its targets are judged by power_summary's check)"}
+    numbers = {"status": power.get("status"), "demo": bool(power.get("demo", False)),
+               "gates underpowered": power.get("gates_underpowered")}
+    if power.get("demo", False):
+        return {"passed": False, "numbers": numbers,
+                "message": f"the stored power result for {family} is the reduced demo simulation, not the "
+                           "registered one (6.3: 2,000 datasets per scenario at the registered design)"}
+    if power.get("status") != "complete":
+        return {"passed": False, "numbers": numbers,
+                "message": f"the power simulation for {family} is not complete ({power.get('status')}): "
+                           "simulate the missing blocks or frame counts, then power_summary and registration_record"}
+    if power.get("controls_to_strengthen"):
+        return {"passed": False, "numbers": numbers,
+                "message": "the joint target's shortfall is traced to the positive controls: strengthen their "
+                           "manipulations once in the pilot (6.3); if still short, the configuration is not run"}
+    return {"passed": True, "numbers": numbers,
+            "message": "registered power result stored (its targets are judged by power_summary's check)"}
 
 
 def registration_status(mode: str, failed_gates: list[str]) -> str:

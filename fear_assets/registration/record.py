@@ -22,8 +22,9 @@ from fear_assets.errors import FreezeError
 from fear_assets.hashing import sha256_obj
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-#: Code whose hash is registered: the science of the analysis and the reading.
-ANALYSIS_CODE = ("analysis", "reading")
+#: Code whose hash is registered: the science of the analysis, the reading and the power
+#: simulation (6.3: "a Monte Carlo simulation, whose code is registered").
+ANALYSIS_CODE = ("analysis", "reading", "simulation")
 #: Fields that are frozen at registration and compared on every later run.
 FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
                  "selected_frames", "depth_band", "h5_depth")
@@ -119,11 +120,6 @@ def markdown(record: Mapping[str, Any]) -> str:
         carried.append(f"- In-context binding (4.2): {b['correct']}/{b['documents']}, "
                        f"{'passes' if b['passed'] else '**below the registered rate: H2-H5 uninterpretable (D5 row 2)**'}"
                        f" ({b['message']})")
-    if "power" in record:
-        power = record["power"]
-        carried.append("- Power simulation (6.3): " + ("**not run**: every reading carries `power_gate_not_run`"
-                                                       if power is None else
-                                                       f"gates underpowered: {power.get('gates_underpowered')}"))
     if carried:
         lines += ["", "## Carried to the Section 8 reading", "", *carried]
     if record.get("deviations"):
@@ -131,7 +127,47 @@ def markdown(record: Mapping[str, Any]) -> str:
                   "| section | protocol | implemented | why |", "|---|---|---|---|"]
         lines += [f"| {d['section']} | {d['protocol']} | {d['implemented']} | {d['why']} |".replace("\n", " ")
                   for d in record["deviations"]]
+    lines += power_markdown(record.get("power"))
     return "\n".join(lines) + "\n"
+
+
+# --- power gate (6.3, issue 11) --------------------------------------------------------
+POWER_FILE = "power_summary.json"
+
+
+def write_power_section(registration_dir: str | Path, family: str, section: Mapping[str, Any]) -> Path:
+    """The power simulation's results, beside the record; ``registration_record`` embeds them."""
+    path = record_dir(registration_dir, family) / POWER_FILE
+    _atomic_write(path, json.dumps(section, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def read_power_section(registration_dir: str | Path, family: str) -> dict | None:
+    path = record_dir(registration_dir, family) / POWER_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def power_markdown(power: Mapping[str, Any] | None) -> list[str]:
+    """The record's power section for a reader: status, frames, decisions, then each target."""
+    if not power:
+        return ["", "## Power gate (6.3)", "", "Not run."]
+    lines = ["", "## Power gate (6.3)", ""]
+    if power.get("demo"):
+        lines += [f"**{power['note']}**", ""]
+    lines += [f"- Status: {power['status']}; frames: {power['frames']} (simulated: {power['frames_simulated']})",
+              f"- Estimation-only: {', '.join(power['estimation_only']) or 'none'}; joint shortfall source: "
+              f"{power['joint_shortfall_source']}; gates underpowered: {power['gates_underpowered']}",
+              f"- Fits: {power['fits']}, of which {power['fits_missing_convergence_rule']} miss the convergence rule "
+              "(kept; rates without them are in the label frequencies)",
+              f"- Not simulated: {'; '.join(f'{k}: {v}' for k, v in power['not_simulated'].items()) or 'none'}",
+              "", "| target | frames | rate | MC SE | n | bound | met |", "|---|---|---|---|---|---|---|"]
+    for t in power["targets"]:
+        rate = "n/a" if t["n"] == 0 else f"{t['rate']:.3f}"
+        se = "n/a" if t["n"] == 0 else f"{t['mcse']:.3f}"
+        met = {True: "yes", False: "**no**", None: "not computable"}[t["met"]]
+        lines.append(f"| {t['target']} | {t['frames']} | {rate} | {se} | {t['n']} | "
+                     f"{'>=' if t['kind'] == 'min' else '<='} {t['bound']} | {met} |")
+    return lines
 
 
 def registered_replacements(registration_dir: str | Path, family: str) -> dict[str, str]:

@@ -1,0 +1,80 @@
+"""The registered design of one simulated dataset (protocol 4.7, 6.3; D2, D7).
+
+Every simulated dataset of a family at a frame count shares one design: frames (an equal
+number per fear class; blocks of 10 add 2 per fear), the three name rotations, the two
+orders, the family's depths and the six primary cells, with the content option from the
+registered option rule (4.3). So X, Z, frames and units are fixed and only the outcomes
+differ between datasets. The two surprisal covariates are not known for frames that are not
+yet written, so they are drawn once per design (seeded from the registered settings) with
+the spread measured in the pilot, then centred as the model registers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.analysis.data import AGENTS, CONTENTS
+from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, prepare
+from fear_assets.design.trials import content_option
+
+
+@dataclass(frozen=True)
+class SimulatedDesign:
+    """The model table (one row per trial, no outcome) and the prepared model inputs."""
+
+    table: pd.DataFrame
+    data: PrimaryData
+    band: tuple[str, ...]
+    n_frames: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.table)
+
+
+def design_table(settings, depth_keys: Sequence[str], n_frames: int, fears: Sequence[str],
+                 covariate_sd: Sequence[float], seed: int) -> pd.DataFrame:
+    """One row per primary trial: frame x rotation x order x depth x cell (D2's primary block)."""
+    if n_frames <= 0 or n_frames % len(fears):
+        raise ValueError(f"frame count {n_frames} must be a positive multiple of the {len(fears)} fear classes "
+                         f"(6.3 adds frames in blocks of 10, 2 per fear): pass one of 50, 60, ... 100")
+    rng = np.random.default_rng(seed)
+    cells = [tuple(c) for c in settings.cell_set("primary")]
+    rows = []
+    for f, rotation, order, (k, depth) in itertools.product(range(n_frames), sorted(settings.rotations),
+                                                             settings.orders, enumerate(depth_keys, start=1)):
+        frame = f"S{f + 1:03d}"
+        fear = fears[f % len(fears)]
+        for cell_index, (agent, content) in enumerate(cells, start=1):
+            rows.append({"frame": frame, "fear": fear, "rotation": rotation, "order": order, "depth": depth,
+                         "agent": agent, "content": content,
+                         "option": content_option(settings, rotation, order, k, cell_index),
+                         "unit": f"{frame}|r{rotation}|o{order}|{depth}"})
+    table = pd.DataFrame(rows)
+    for name, sd in zip(COVARIATES, covariate_sd):
+        table[name] = rng.normal(0.0, float(sd), size=len(table))
+    return table
+
+
+def levels(settings, depth_keys: Sequence[str], fears: Sequence[str]) -> dict[str, list]:
+    return {"agent": list(AGENTS), "content": list(CONTENTS), "depth": list(depth_keys),
+            "order": list(settings.orders), "option": [1, 2], "rotation": sorted(settings.rotations),
+            "fear": list(fears)}
+
+
+def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int,
+                     covariate_sd: Sequence[float], seed: int) -> SimulatedDesign:
+    """The design at ``n_frames`` frames over ``depth_keys`` (the family's registered depths);
+    ``band`` is the registered depth band over which H1-H3 are averaged."""
+    fears = list(settings.fears)
+    missing = [b for b in band if b not in depth_keys]
+    if missing:
+        raise ValueError(f"band depths {missing} are not among the design's depths {list(depth_keys)}")
+    table = design_table(settings, depth_keys, n_frames, fears, covariate_sd, seed)
+    d = prepare(table.assign(delta=0.0), levels(settings, depth_keys, fears))
+    return SimulatedDesign(table, d, tuple(band), n_frames)

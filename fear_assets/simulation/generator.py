@@ -1,0 +1,153 @@
+"""Simulated outcomes from the registered primary model at the pilot estimates (protocol 6.3, D7).
+
+Every fixed effect, variance component, residual scale and nu is set at its pilot estimate
+(posterior means of the pilot fit); the frame-level random-slope SDs (every frame effect but
+the intercept) are multiplied by the registered inflation (1.5). The effects of interest are
+then set by the scenario: the threat-minus-harmless effect of each agent is placed on the
+content and agent-x-content coefficients (constant over depth; their depth interactions are
+set to zero), solved from the registered contrasts themselves so that H1 = H2 = H3 = the
+scenario's size (D7: at 0.30, self 0.50, peer 0.20, person 0.20).
+
+Blocks of one dataset that the primary model generates (D7): primary Delta (H1-H3), recall
+Delta (gate b), service relevance (gate a), and three positive controls whose contrasts are
+differences against the primary block (instructed interaction, instructed priority, marked
+priority), each at its pilot estimate. Every block draws its own frame, unit and residual
+effects from the same pilot estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, cell_means, hypotheses, posterior_draws
+
+SCENARIOS = ("meaningful", "null", "sesoi")
+AGENT_ORDER = ("self", "peer", "person")
+
+#: Blocks of one simulated dataset fitted with the primary model: name -> (what it tests, how
+#: its truth derives from the scenario). Controls carry their pilot estimate, not the scenario.
+PRIMARY_MODEL_BLOCKS = {
+    "primary": "H1-H3 on Delta",
+    "recall": "gate (b): H2 on the recall branch",
+    "service_relevance": "gate (a): H2 in the service-relevance condition",
+    "control_instructed_interaction": "positive control 2 (pilot estimate)",
+    "control_instructed_priority": "positive control 3 (pilot estimate)",
+    "control_marked_priority": "positive control 4 (pilot estimate)",
+}
+#: Blocks D7 lists whose generators are not part of this release; their targets are reported
+#: as not simulated (never as met).
+NOT_SIMULATED = {
+    "H4": "probe log-odds model (6.1) generator not implemented yet",
+    "H5": "hierarchical probit (6.1) generator not implemented yet",
+    "gate_c": "joint tested/judge model (6.2) generator not implemented yet",
+    "control_addressee_name": "addressee/other-person cells (different design) not implemented yet",
+}
+
+
+@dataclass(frozen=True)
+class PilotEstimates:
+    """Posterior means of the pilot's primary fit: what 6.3 calls the pilot estimates."""
+
+    intercept: float
+    beta: Mapping[str, float]
+    frame_sd: tuple[float, ...]
+    frame_corr: tuple[tuple[float, ...], ...]
+    unit_sd: float
+    sigma: float
+    nu: float
+    covariate_sd: tuple[float, ...]
+    #: Pilot contrasts of the positive controls simulated here (control name -> mean).
+    controls: Mapping[str, float]
+
+    def as_dict(self) -> dict:
+        return {"intercept": self.intercept, "beta": dict(self.beta), "frame_sd": list(self.frame_sd),
+                "frame_corr": [list(r) for r in self.frame_corr], "unit_sd": self.unit_sd, "sigma": self.sigma,
+                "nu": self.nu, "covariate_sd": list(self.covariate_sd), "controls": dict(self.controls)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "PilotEstimates":
+        return cls(float(d["intercept"]), {k: float(v) for k, v in d["beta"].items()},
+                   tuple(float(x) for x in d["frame_sd"]), tuple(tuple(float(x) for x in r) for r in d["frame_corr"]),
+                   float(d["unit_sd"]), float(d["sigma"]), float(d["nu"]),
+                   tuple(float(x) for x in d["covariate_sd"]), {k: float(v) for k, v in d["controls"].items()})
+
+
+def pilot_estimates(idata, data: PrimaryData, controls: Mapping[str, float]) -> PilotEstimates:
+    """Pilot estimates from the pilot's primary posterior (``idata``) and its model inputs."""
+    mean = lambda name: posterior_draws(idata, name).mean(axis=0)
+    beta = dict(zip(data.names, (float(x) for x in mean("beta"))))
+    cov_cols = [data.names.index(c) for c in COVARIATES if c in data.names]
+    cov_sd = tuple(float(data.X[:, i].std()) for i in cov_cols) or (0.0, 0.0)
+    corr = mean("frame_chol_corr")
+    return PilotEstimates(float(mean("intercept")), beta, tuple(float(x) for x in mean("frame_chol_stds")),
+                          tuple(tuple(float(x) for x in r) for r in corr), float(mean("unit_sd")),
+                          float(mean("sigma")), float(mean("nu")), cov_sd, dict(controls))
+
+
+def scenario_size(scenario: str, decision: Mapping) -> float:
+    """D7: the effect size every hypothesis and gate takes in a scenario."""
+    sizes = {"meaningful": float(decision["meaningful"]), "null": 0.0, "sesoi": float(decision["sesoi"])}
+    if scenario not in sizes:
+        raise ValueError(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)} (D7)")
+    return sizes[scenario]
+
+
+def agent_effects(size: float) -> dict[str, float]:
+    """Threat-minus-harmless effect per agent with H1 = H2 = H3 = ``size`` (D3's definitions:
+    H1 = mean of the three, H2 = self - peer, H3 = self - person), solved, not hard-coded."""
+    unit = {a: np.eye(3)[i] for i, a in enumerate(AGENT_ORDER)}
+    mu = {(a, c): (unit[a] if c == "threat" else np.zeros(3)) for a in AGENT_ORDER for c in ("threat", "harmless")}
+    h = hypotheses(mu)
+    A = np.stack([h["H1"], h["H2"], h["H3"]])
+    solution = np.linalg.solve(A, np.full(3, size))
+    return dict(zip(AGENT_ORDER, (float(x) for x in solution)))
+
+
+def block_effects(block: str, size: float, controls: Mapping[str, float]) -> tuple[dict[str, float], float]:
+    """(threat-minus-harmless per agent, shift of every cell) of one block in a scenario."""
+    effects = agent_effects(size)
+    if block in ("primary", "recall", "service_relevance"):
+        return effects, 0.0
+    if block == "control_instructed_interaction":
+        # ([peer T - H] - [person T - H]) in the control minus the same in primary = the estimate.
+        return {**effects, "peer": effects["peer"] + controls["instructed_interaction"]}, 0.0
+    if block in ("control_instructed_priority", "control_marked_priority"):
+        # Delta(control) - Delta(primary), all cells = the estimate.
+        return effects, controls[block.removeprefix("control_")]
+    raise ValueError(f"unknown simulated block {block!r}: use one of {', '.join(PRIMARY_MODEL_BLOCKS)}")
+
+
+def true_beta(est: PilotEstimates, d: PrimaryData, band: Sequence[str], effects: Mapping[str, float]) -> np.ndarray:
+    """Fixed effects: the pilot's, with every content-involving coefficient replaced so that
+    each agent's band-averaged threat-minus-harmless effect is ``effects[agent]`` at every depth."""
+    beta = np.array([est.beta.get(n, 0.0) for n in d.names])  # a level the pilot lacked: 0
+    content_cols = [i for i, n in enumerate(d.names) if "content[" in n]
+    beta[content_cols] = 0.0
+    free = [d.names.index(n) for n in ("content[threat]", "agent[self]:content[threat]",
+                                       "agent[peer]:content[threat]")]
+    p = len(d.names)
+    mu = cell_means(d, np.eye(p), np.zeros(p), list(band))
+    W = np.stack([mu[(a, "threat")] - mu[(a, "harmless")] for a in AGENT_ORDER])
+    beta[free] = np.linalg.solve(W[:, free], np.array([effects[a] for a in AGENT_ORDER]))
+    return beta
+
+
+def frame_covariance(est: PilotEstimates, inflation: float) -> np.ndarray:
+    """Frame-effect covariance with the random-slope SDs (all but the intercept) inflated."""
+    sd = np.array(est.frame_sd, dtype=float)
+    sd[1:] *= inflation
+    return np.outer(sd, sd) * np.array(est.frame_corr, dtype=float)
+
+
+def simulate_block(d: PrimaryData, est: PilotEstimates, beta: np.ndarray, shift: float, inflation: float,
+                   rng: np.random.Generator) -> PrimaryData:
+    """One block's outcomes on the fixed design ``d`` (only ``y`` differs)."""
+    cov = frame_covariance(est, inflation)
+    frames = rng.multivariate_normal(np.zeros(len(cov)), cov, size=d.n_frames, method="cholesky")
+    units = rng.normal(0.0, est.unit_sd, size=d.n_units)
+    mean = est.intercept + shift + d.X @ beta + (d.Z * frames[d.frame]).sum(axis=1) + units[d.unit]
+    y = mean + est.sigma * rng.standard_t(est.nu, size=len(mean))
+    return replace(d, y=y)
