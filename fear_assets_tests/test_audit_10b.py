@@ -29,6 +29,11 @@ from fear_assets.resources.protocol import ProtocolResource
 REFUSALS = ["I can't", "I cannot", "I'm sorry"]
 
 
+# The shape power_summary stores (issue 11): only a complete, non-demo result decides anything.
+REGISTERED_POWER = {"demo": False, "status": "complete", "controls_to_strengthen": False, "frames": 50,
+                    "frames_simulated": [50], "estimation_only": [], "joint_shortfall_source": None, "fits": 0,
+                    "fits_missing_convergence_rule": 0, "not_simulated": {}, "targets": []}
+
 def _record(**over) -> dict:
     record = {"protocol": "two-facts-one-gate", "protocol_version": "v", "family": "fam", "mode": "pilot",
               "status": "draft", "stand_in": "", "reduced_design": "", "settings_sha256": "a" * 64,
@@ -202,16 +207,16 @@ def test_audit_power_gate_not_run_is_flagged_and_blocks_registration(tmp_path):
     table = _posteriors(H2="supported", H5="supported", a="supported", b="supported", c="supported")
     assert reading_inputs(table, _record())["gates_underpowered"] is None
     # A stored power result supplies it: gates underpowered -> row 7.
-    args = reading_inputs(table, _record(power={"gates_underpowered": True}))
+    args = reading_inputs(table, _record(power=REGISTERED_POWER | {"gates_underpowered": True}))
     args.pop("in_context")
     reading = fear_assets.section8_reading(**args)
     assert reading.code == "SELF_THREAT_WEIGHT_GATES_UNDERPOWERED" and not reading.flags
     with pytest.raises(FearAssetsError, match="power.gates_underpowered"):
-        reading_inputs(table, _record(power={"targets": "met"}))
+        reading_inputs(table, _record(power={"demo": False, "status": "complete", "targets": "met"}))
     # The registration gate fails and says what to run; a confirmatory record is then refused.
     gate = power_gate(None, "qwen2.5-7b")
     assert not gate["passed"] and "materialise power_summary for qwen2.5-7b" in gate["message"]
-    assert power_gate({"gates_underpowered": False}, "qwen2.5-7b")["passed"]
+    assert power_gate(REGISTERED_POWER | {"gates_underpowered": False}, "qwen2.5-7b")["passed"]
     assert registration_status("confirmatory", ["power (6.3)"]) == "refused"
     assert registration_status("confirmatory", []) == "registered"
     assert registration_status("pilot", ["power (6.3)"]) == "draft"
@@ -220,7 +225,7 @@ def test_audit_power_gate_not_run_is_flagged_and_blocks_registration(tmp_path):
     assert not check.passed and "power_summary" in check.description
     # A registered record is never replaced by a refused one.
     write_family_record(tmp_path, _record(status="registered", mode="confirmatory",
-                                          power={"gates_underpowered": False}), confirmatory=True)
+                                          power=REGISTERED_POWER | {"gates_underpowered": False}), confirmatory=True)
     with pytest.raises(FreezeError, match="never replaced"):
         write_family_record(tmp_path, _record(status="refused", mode="confirmatory", failed_gates=["power (6.3)"]),
                             confirmatory=True)

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from fear_assets.errors import FreezeError
 from fear_assets.hashing import sha256_obj
+from fear_assets.registration.gates import registered_power_result
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 #: Code whose hash is registered: the science of the analysis, the reading and the power
@@ -120,6 +121,12 @@ def markdown(record: Mapping[str, Any]) -> str:
         carried.append(f"- In-context binding (4.2): {b['correct']}/{b['documents']}, "
                        f"{'passes' if b['passed'] else '**below the registered rate: H2-H5 uninterpretable (D5 row 2)**'}"
                        f" ({b['message']})")
+    if "power" in record:
+        power = record["power"]
+        carried.append("- Power simulation (6.3): " + (
+            f"gates underpowered: {power['gates_underpowered']}" if registered_power_result(power) else
+            "**not run**: every reading carries `power_gate_not_run`"
+            + ("" if power is None else " (the stored result is a reduced demo or incomplete)")))
     if carried:
         lines += ["", "## Carried to the Section 8 reading", "", *carried]
     if record.get("deviations"):
