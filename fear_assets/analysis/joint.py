@@ -129,7 +129,7 @@ def build_joint_model(d: JointData, priors: Priors):
         y = pm.Data("y", d.y)
         frame = pm.Data("frame", d.frame.astype("int64"))
         unit = pm.Data("unit", d.unit.astype("int64"))
-        block = pm.Data("block", d.block.astype("int64"))
+        block = pm.Data("block", d.block.astype("int64")) if d.per_block_sigma else None
         intercept = pm.Normal("intercept", 0.0, priors.intercept_sd)
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
@@ -149,8 +149,10 @@ def joint_same_shape(a: JointData, b: JointData) -> bool:
 
 
 def joint_updates(d: JointData) -> dict[str, np.ndarray]:
-    return {"X": d.X, "W": d.W, "Z": d.Z, "y": d.y, "frame": d.frame.astype("int64"),
-            "unit": d.unit.astype("int64"), "block": d.block.astype("int64")}
+    out = {"X": d.X, "W": d.W, "Z": d.Z, "y": d.y, "frame": d.frame.astype("int64"), "unit": d.unit.astype("int64")}
+    if d.per_block_sigma:  # the block index enters the graph only through the per-block scales
+        out["block"] = d.block.astype("int64")
+    return out
 
 
 def block_cell_means(idata, d: JointData, band: Sequence) -> dict[str, dict[tuple[str, str], np.ndarray]]:
