@@ -373,3 +373,62 @@ def test_audit_judge_baseline_of_its_own_order(settings, bank, smol_tokenizer):
     assert expected_block_rows(settings, jblock, family, 1, [1]) == 6
     grid = build_grid(settings, bank, EMBEDDED, depth_indices=[1])
     assert (grid.block == "pilot_judge_baseline").sum() == 6 and (grid.block == "pilot_baseline").sum() == 3
+
+
+# ---------------------------------------------------------------------------------------
+# The confirmatory analysis end to end at the embedded demo's size (slow: real sampling)
+# ---------------------------------------------------------------------------------------
+def _demo_scores(seed=0):
+    """Unmasked pilot scores of the demo's design: one pilot frame, d1-d2, primary, content-
+    removed and the four control blocks, with every column the analysis reads."""
+    rng = np.random.default_rng(seed)
+    blocks = {"pilot_primary": CELLS, "pilot_content_removed": CELLS, "pilot_control_instructed_interaction": CELLS,
+              "pilot_control_instructed_priority": CELLS, "pilot_control_marked_priority": CELLS,
+              "pilot_control_addressee_name": list(itertools.product(("addressee", "other_person"),
+                                                                     ("threat", "harmless")))}
+    rows = []
+    for block, cells in blocks.items():
+        for rot, order, depth in itertools.product((1, 2, 3), (1, 2), ("d1", "d2")):
+            for cell, (agent, content) in enumerate(cells, start=1):
+                option = 1 if (rot + 3 * (order - 1) + int(depth[1:]) + cell) % 2 == 0 else 2
+                shown = 0 if block == "pilot_content_removed" else option
+                delta = 0.2 + (0.3 if "priority" in block else 0.0) + rng.normal(0, 0.2)
+                fc_choice = option if rng.random() < 0.7 else 3 - option
+                rows.append({"trial_id": f"{block}|{rot}|{order}|{depth}|{cell}", "block": block,
+                             "block_kind": "agent", "agent": agent, "content": content, "depth": depth,
+                             "item_id": "TER-01", "rotation": rot, "order": order, "content_option": shown,
+                             "delta": delta, "delta_recall": delta + rng.normal(0, 0.1), "delta_sum": 3 * delta,
+                             "delta_first_person": delta if agent == "self" else np.nan,
+                             "excluded_context": False, "generation_truncated": bool(cell == 1 and rot == 1),
+                             "answer_exceeds_context": False, "generated_text": "The document says nothing.",
+                             "fc_choice": fc_choice, "fc_first_listed": 1 + (rot % 2),
+                             "attention_agent": rng.random(), "attention_partner": rng.random()})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.slow
+def test_audit_confirmatory_run_at_demo_size(settings, bank):
+    from fear_assets.analysis.confirmatory import Inputs, Registered, run
+    from fear_assets.analysis.h5_model import H5Priors
+
+    scores = _demo_scores()
+    surprisal = _surprisal()
+    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.section("convergence"), 0.05, 0.15, 0.0, 100, 100, 2)
+    inputs = Inputs(scores=scores, surprisal=surprisal, fears_of={"TER-01": "termination"}, fears=FEARS,
+                    neutral_option=1, band=["d1", "d2"], h5_depth="d2", pilot_sigma=0.3,
+                    depth_tokens={"d1": 0, "d2": 128}, prefix="pilot_", registered=reg, seed=lambda name: 3,
+                    bank=bank, topic_counts_path=None, h5_priors=H5Priors.from_settings(settings),
+                    gate_c_priors=GateCPriors.from_settings(settings), log=lambda msg: None)
+    fitter = Fitter(Priors.from_settings(settings), 100, 100, 2)
+    out = run(inputs, fitter)
+    rows = {r["contrast"]: r for r in out.rows}
+    for name in ("H1", "H2", "H3", "H5", "H1_recall", "H3_recall", "dprime_self_threat",
+                 "dprime_interaction_self_vs_peer", "dprime_interaction_self_vs_person",
+                 "H1_generated_report", "H2_generated_report", "H3_generated_report",
+                 "control_instructed_priority", "control_addressee_name"):
+        assert name in rows, name
+    # 6 truncated primary trials (cell 1, rotation 1) are out of every model and counted.
+    assert rows["H2"]["trials"] == 72 - 4
+    assert out.exclusions["generation_truncated"].sum() == 6 * 4  # 4 trials in each of the six blocks
+    assert rows["gate_c_judge_H2_difference"]["status"] == "not_scored"
+    assert rows["control_instructed_priority"]["trials"] == 2 * (72 - 4)

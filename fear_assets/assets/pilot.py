@@ -344,7 +344,11 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     rule_settings = settings.section("report_scoring")
-    pilot = scores[(scores["block"] == "pilot_primary") & scores["generated_text"].notna()]
+    from fear_assets.analysis.data import kept
+
+    # 4.8: a truncated answer (or a document over the window) is an excluded trial.
+    pilot = kept(scores)
+    pilot = pilot[(pilot["block"] == "pilot_primary") & pilot["generated_text"].notna()]
     rows = scorer_rows(pilot, trial_table, bank, int(settings.design["neutral_partner_option"]), partner_keywords)
     if rows.empty:
         raise ValueError("no generated pilot answers: score the pilot_primary block (with its greedy answer) first")
