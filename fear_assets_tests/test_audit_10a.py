@@ -407,7 +407,7 @@ def _demo_scores(seed=0):
 
 
 @pytest.mark.slow
-def test_audit_confirmatory_run_at_demo_size(settings, bank):
+def test_audit_confirmatory_run_at_demo_size(settings, bank, tmp_path):
     from fear_assets.analysis.confirmatory import Inputs, Registered, run
     from fear_assets.analysis.h5_model import H5Priors
 
@@ -417,7 +417,7 @@ def test_audit_confirmatory_run_at_demo_size(settings, bank):
     inputs = Inputs(scores=scores, surprisal=surprisal, fears_of={"TER-01": "termination"}, fears=FEARS,
                     neutral_option=1, band=["d1", "d2"], h5_depth="d2", pilot_sigma=0.3,
                     depth_tokens={"d1": 0, "d2": 128}, prefix="pilot_", registered=reg, seed=lambda name: 3,
-                    bank=bank, topic_counts_path=None, h5_priors=H5Priors.from_settings(settings),
+                    bank=bank, topic_counts_path=tmp_path / "topic_counts.csv", h5_priors=H5Priors.from_settings(settings),
                     gate_c_priors=GateCPriors.from_settings(settings), log=lambda msg: None)
     fitter = Fitter(Priors.from_settings(settings), 100, 100, 2)
     out = run(inputs, fitter)

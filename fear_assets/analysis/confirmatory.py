@@ -255,8 +255,9 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
     fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data),
               convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
     row = add("gate_c_judge_H2_difference", "gate", draws, fit, scale="standardised", rope=rope,
-              note=f"ROPE +-{rope:.3f} on the standardised scale (0.15/sigma; meaningful size {meaningful:.3f} = "
-                   f"0.30/sigma; pilot sigma {tested_sigma:.4f}); practically meaningful = HDI wholly beyond the ROPE")
+              note=f"ROPE +-{rope:.3f} on the standardised scale ({reg.sesoi:g}/sigma; meaningful size "
+                   f"{meaningful:.3f} = {reg.meaningful:g}/sigma; pilot sigma {tested_sigma:.4f}); practically "
+                   f"meaningful = HDI wholly beyond the ROPE")
     decision = gc.gate_c_decision(row["hdi_low"], row["hdi_high"], tested_sigma, reg.sesoi, reg.meaningful)
     row["label"], row["practically_meaningful"] = decision.label, decision.practically_meaningful
 
