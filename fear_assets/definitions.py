@@ -15,7 +15,7 @@ from fear_assets.resources import ProtocolResource, store_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
 all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
-              lm.model_manifest, lm.sentence_surprisal, lm.base_sentence_surprisal, lm.scores, lm.pilot_control_scores, pilot.pilot_depths,
+              lm.model_manifest, lm.sentence_surprisal, lm.base_sentence_surprisal, lm.judge_sentence_surprisal, lm.scores, lm.pilot_control_scores, pilot.pilot_depths,
               pilot.matched_frames, pilot.zero_preference, pilot.binding_results, pilot.report_scoring,
               pilot.pilot_controls, pilot.registration_record, probes.probes, analysis.h4_posterior,
               analysis.posteriors, analysis.section8_reading, analysis.cross_family_statement]

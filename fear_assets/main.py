@@ -96,7 +96,7 @@ def run(duckdb_path: str | None = None) -> int:
         *[(f"trial_table, assignment_key {k}", ["trial_table", "assignment_key"], k) for k in depth_keys],
         (f"trial_accounting {family}", ["trial_accounting"], family),
         (f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal",
-                                                          "base_sentence_surprisal"], family),
+                                                          "base_sentence_surprisal", "judge_sentence_surprisal"], family),
         (f"matched_frames, zero_preference {family}", ["matched_frames", "zero_preference"], family),
         *[(f"scores {k}", ["scores"], k) for k in depth_keys],
         # The depth band reads the resolved mentions of report_scoring (4.5, 5), so it comes first.

@@ -239,8 +239,10 @@ def test_audit_secondary_events_single_cell(settings, bank):
         assert accounting.loc[f"secondary_{cls}_baseline", "actual_rows"] == 20 * 3 * 8
         shown = block.groupby(["item_id", "depth_index"]).content_option.agg(lambda s: (s == 1).sum())
         assert (shown == 3).all()
-    # The total follows: 196,720 under three agent cells, less 2 x (2,880 - 960).
-    assert len(grid) == 196_720 - 2 * (2_880 - 960)
+    # The total follows: 196,720 under three agent cells, less 2 x (2,880 - 960), plus the
+    # judge's baselines now built per order (issue 10, judge baseline item: +1,200 confirmatory,
+    # +240 pilot).
+    assert len(grid) == 196_720 - 2 * (2_880 - 960) + 1_200 + 240
     # A settings file that gives a class an agent cell again is refused.
     import yaml
 

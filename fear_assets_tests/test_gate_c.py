@@ -41,7 +41,7 @@ def simulate(h2_std: dict[str, float], frames=8, seed=0, residual_std=0.5):
 
 
 def test_known_standardised_difference_is_recovered(settings):
-    d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}), LEVELS, SIGMAS)
+    d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}), LEVELS, SIGMAS, 0.5)
     idata = sample(build_gate_c_model(d, GateCPriors.from_settings(settings)), draws=300, tune=400, chains=2,
                    seed=1)
     hdi = settings.decision["hdi_prob"]
@@ -68,12 +68,12 @@ def test_bounds_are_the_registered_sizes_over_the_pilot_sigma(settings):
 def test_inputs_are_checked():
     data = simulate({"tested": 0.0, "judge": 0.0}, frames=1)
     with pytest.raises(ValueError, match="sigmas\\['judge'\\]"):
-        prepare_gate_c(data, LEVELS, {"tested": 0.3})
+        prepare_gate_c(data, LEVELS, {"tested": 0.3}, 0.5)
     with pytest.raises(ValueError, match="'reader'"):
-        prepare_gate_c(data.drop(columns="reader"), LEVELS, SIGMAS)
+        prepare_gate_c(data.drop(columns="reader"), LEVELS, SIGMAS, 0.5)
     with pytest.raises(ValueError, match="no rows for reader"):
-        prepare_gate_c(data[data.reader == "tested"], LEVELS, SIGMAS)
-    d = prepare_gate_c(data, LEVELS, SIGMAS)
+        prepare_gate_c(data[data.reader == "tested"], LEVELS, SIGMAS, 0.5)
+    d = prepare_gate_c(data, LEVELS, SIGMAS, 0.5)
     tested = data.reader.to_numpy() == "tested"
     np.testing.assert_allclose(d.y[tested], data.delta[tested] / 0.3)
     # reader factor: main effect + agent x content x depth with all interactions (1+2+1+1+2+2+1+2)

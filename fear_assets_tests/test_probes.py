@@ -119,9 +119,14 @@ def test_probe_inputs_read_checksummed_feature_files_and_label_no_agent_document
                      "content_option": 0, "feature_row": len(meta) + j})
     X_all = np.vstack([X, np.zeros((len(units), X.shape[1]), np.float32)]).astype(np.float32)
     np.save(path, X_all)
-    scores = pd.DataFrame(rows).assign(features_file=str(path), features_sha256=sha256_file(path))
+    # Both 4.8 exclusion flags, as the scoring stage writes them; one truncated answer, which
+    # (issue 10) leaves its trial out of the probe like every other analysis.
+    scores = pd.DataFrame(rows).assign(features_file=str(path), features_sha256=sha256_file(path),
+                                       excluded_context=False, generation_truncated=False)
+    scores.loc[0, "generation_truncated"] = True
     Xp, docs, Xna, na = probe_inputs(scores, PROBE_BLOCKS["pilot"])
-    assert len(docs) == len(meta) and np.allclose(Xp, X_all[docs.feature_row.to_numpy()])
+    assert len(docs) == len(meta) - 1 and scores.trial_id[0] not in set(docs.trial_id)
+    assert np.allclose(Xp, X_all[docs.feature_row.to_numpy()])
     # each no-agent document gets the six options its unit's cells show
     assert len(na) == 6 * len(units) and set(na.content_option) == {1, 2} and Xna.shape == (len(na), X.shape[1])
     np.save(path, X_all + 1)  # a changed file no longer matches its recorded checksum

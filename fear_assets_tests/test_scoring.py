@@ -107,6 +107,24 @@ def test_documents_over_the_context_window_are_excluded_with_a_reason(tiny_model
     assert table.excluded_context.all() and table.delta.isna().all()
 
 
+def test_audit_context_window_excludes_on_the_document_only(tiny_model, smol_tokenizer, pilot, bank):
+    """4.8 excludes a document that exceeds the window; an answer that cannot fit after a
+    document that does is recorded (``answer_exceeds_context``), and a greedy answer cut by
+    the window is truncated (excluded by the other rule), never a context exclusion."""
+    rows, builder = pilot
+    rows = rows[rows.block == "pilot_primary"].head(1)
+    requests = build_requests(rows, bank.templates, builder.document_text)
+    document = max(len(smol_tokenizer.encode(t, add_special_tokens=False)) for t in requests[0].branches.values())
+    _, long, readouts, _ = _run(tiny_model, smol_tokenizer, rows, builder, bank, window=document + 1)
+    r = readouts.iloc[0]
+    assert not r.excluded_context and r.answer_exceeds_context and r.generation_truncated
+    assert "not excluded" in r.exclusion_reason and not long.empty
+    table = assemble(rows, long, readouts)
+    assert not table.excluded_context.any() and table.answer_exceeds_context.all()
+    _, _, over, _ = _run(tiny_model, smol_tokenizer, rows, builder, bank, window=document - 1)
+    assert over.excluded_context.all() and over.exclusion_reason.str.contains(f"needs {document} tokens").all()
+
+
 def test_engine_equals_naive_on_smollm2(settings):
     model, tokenizer = load_model(registry(settings, EMBEDDED)["tested"], device="cpu")
     engine = TeacherForcedEngine(model)

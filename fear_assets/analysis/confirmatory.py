@@ -18,11 +18,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.controls import CONTRASTS, CONTROLS, control_verdict
-from fear_assets.analysis.data import AGENTS, levels_of, model_table
+from fear_assets.analysis.controls import CONTROLS, control_verdict, fit_control
+from fear_assets.analysis.data import AGENTS, kept, levels_of, model_table
 from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells
 from fear_assets.analysis.gate_b import recall_rows
-from fear_assets.analysis.primary_model import Fitter, divergences, hypotheses
+from fear_assets.analysis.primary_model import Fitter, MissingBandDepthError, divergences, hypotheses
 
 
 @dataclass
@@ -63,6 +63,8 @@ class Inputs:
     h5_priors: object | None = None
     gate_c_priors: object | None = None
     log: Callable[[str], None] = print
+    # Gate (c): the judge's own document-independent sentence surprisal (its covariates).
+    judge_surprisal: pd.DataFrame | None = None
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Result:
     by_depth: pd.DataFrame | None = None
     fits: dict[str, Fit] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    exclusions: pd.DataFrame | None = None  # 4.8: per cell, trials, excluded and each reason's count
 
 
 def _missing(name: str, kind: str, status: str, note: str) -> dict:
@@ -89,13 +92,15 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     scores = inputs.scores
     block = lambda name: scores[scores["block"] == inputs.prefix + name]
 
-    def table(name: str, outcome: str = "delta") -> pd.DataFrame:
+    def table(name: str, outcome: str = "delta", surprisal: pd.DataFrame | None = None) -> pd.DataFrame:
         rows = block(name)
-        return (model_table(rows, inputs.surprisal, dict(inputs.fears_of), inputs.neutral_option, outcome)
+        own = inputs.surprisal if surprisal is None else surprisal
+        return (model_table(rows, own, dict(inputs.fears_of), inputs.neutral_option, outcome)
                 if len(rows) else rows)
 
-    def add(name: str, kind: str, draws: np.ndarray, fit: Fit, scale: str = "Delta", rope: float | None = None,
+    def add(name: str, kind: str, draws: np.ndarray, fit, scale: str = "Delta", rope: float | None = None,
             note: str = "") -> dict:
+        # ``fit``: anything with chains, diagnostics["divergences"] and rows (Fit, ControlFit).
         row = contrast_summary(name, draws, fit.chains, reg.hdi_prob, reg.sesoi, rope,
                                fit.diagnostics["divergences"], kind=kind, status="estimated", scale=scale,
                                note=note, trials=fit.rows)
@@ -130,6 +135,13 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     if not recall.scored:
         out.rows.append(row)
     row["missing_rows"] = recall.missing
+    # 5: "the same estimands ... on the recall branch": H1 and H3 from the recall fit (its H2
+    # is the gate (b) row above).
+    if "gate_b_recall_H2" in out.fits:
+        recall_fit = out.fits["gate_b_recall_H2"]
+        for h in ("H1", "H3"):
+            add(f"{h}_recall", "secondary", hypotheses(recall_fit.mu)[h], recall_fit,
+                note=f"{h} on the recall branch (same fit as gate b)")
     refit("H2_summed_logprob", primary.assign(outcome=primary["delta_sum"]), "sensitivity",
           "summed rather than per-token log-probability Delta")
     first = primary["delta_first_person"].where(primary["agent"] == "self", primary["delta"])
@@ -157,7 +169,7 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
                 note="base minus assistant H2 (independent fits)")
 
     # -- gate (c): the joint model of the tested model and the foreign judge -------------
-    judge = table("judge")
+    judge = table("judge", surprisal=inputs.judge_surprisal) if inputs.judge_surprisal is not None else block("judge")
     if judge.empty:
         out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_scored",
                                  f"block {inputs.prefix}judge not scored in this design"))
@@ -178,18 +190,24 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     out.rows += secondary.mediation_rows(primary, inputs.fears, inputs.band, reg.hdi_prob)
     exclusion, rates = secondary.exclusion_rows(scores[scores["block_kind"] != "baseline"], reg.flag_rate)
     out.rows += exclusion
+    out.exclusions = rates
     flagged = rates[rates["flagged"] & (rates["block"] == inputs.prefix + "primary")]
     if len(flagged):
         keep = ~primary.set_index(["agent", "content", "depth"]).index.isin(
             list(flagged[["agent", "content", "depth"]].itertuples(index=False, name=None)))
-        refit("H2_without_flagged_cells", primary[keep], "sensitivity",
-              f"cells with more than {reg.flag_rate:.0%} exclusions left out")
+        try:
+            refit("H2_without_flagged_cells", primary[keep], "sensitivity",
+                  f"cells with more than {reg.flag_rate:.0%} exclusions left out")
+        except MissingBandDepthError as exc:
+            # Every cell of a band depth flagged: the band average does not exist without them.
+            out.rows.append(_missing("H2_without_flagged_cells", "sensitivity", "not_available", str(exc)))
     if inputs.bank is not None:
         phrases = {fear: sorted({f.verb("assistant", "threat") for s in ("pilot", "confirmatory", "reserve")
                                  for f in inputs.bank.frames_of(fear, s)}) for fear in inputs.fears}
         out.rows += secondary.five_fear_rows(primary, inputs.fears, inputs.topic_counts_path, phrases)
-        out.rows += secondary.generated_report_rows(primary, inputs.bank)
-    out.rows += secondary.class_rows(scores, inputs.prefix, reg.hdi_prob, reg.sesoi)
+        out.rows += secondary.generated_report_rows(primary, inputs.bank, inputs.neutral_option)
+    # 4.8: excluded trials enter no estimand (the class means and the protective choice included).
+    out.rows += secondary.class_rows(kept(scores), inputs.prefix, reg.hdi_prob, reg.sesoi)
     return out
 
 
@@ -217,26 +235,35 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
 
     reg = inputs.registered
     tested_sigma = inputs.pilot_sigma
-    data = pd.concat([primary.assign(reader="tested"), judge.assign(reader="judge")], ignore_index=True)
-    levels = levels_of(data, inputs.fears)
+    # Each reader's covariates are its own surprisals (centred on its own bank means).
+    if inputs.judge_surprisal is None:
+        out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_available",
+                                 "the judge's own sentence surprisal is not available (materialise "
+                                 "judge_sentence_surprisal): its covariates cannot be the tested model's"))
+        return
     # Each reader's own pilot residual SD standardises its Delta (4.8, 6.2).
     if inputs.pilot_sigma_judge is None or not np.isfinite(inputs.pilot_sigma_judge):
         out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_available",
                                  "the judge's pilot residual SD is not in the registration record (score pilot_judge)"))
         return
+    data = pd.concat([primary.assign(reader="tested"), judge.assign(reader="judge")], ignore_index=True)
+    levels = levels_of(data, inputs.fears)
     sigmas = {"tested": tested_sigma, "judge": float(inputs.pilot_sigma_judge)}
-    d = gc.prepare_gate_c(data.assign(delta=data["outcome"]), levels, sigmas)
-    from fear_assets.analysis.primary_model import sample
+    d = gc.prepare_gate_c(data, levels, sigmas, inputs.gate_c_priors.reader_factor_sd, outcome="outcome")
+    from fear_assets.analysis.primary_model import convergence, sample
 
     idata = sample(gc.build_gate_c_model(d, inputs.gate_c_priors), reg.draws, reg.tune, reg.chains,
                    inputs.seed("gate_c"))
     draws = gc.gate_c_contrast(idata, d, list(inputs.band))
     rope, meaningful = gc.gate_c_bounds(tested_sigma, reg.sesoi, reg.meaningful)
-    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data), {"divergences": divergences(idata)})
+    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data),
+              convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
     row = add("gate_c_judge_H2_difference", "gate", draws, fit, scale="standardised", rope=rope,
-              note=f"ROPE +-{rope:.3f} and meaningful size {meaningful:.3f} on the standardised scale "
-                   f"(0.15/sigma, 0.30/sigma; pilot sigma {tested_sigma:.4f})")
-    row["practically_meaningful"] = bool(row["hdi_low"] > meaningful)
+              note=f"ROPE +-{rope:.3f} on the standardised scale ({reg.sesoi:g}/sigma; meaningful size "
+                   f"{meaningful:.3f} = {reg.meaningful:g}/sigma; pilot sigma {tested_sigma:.4f}); practically "
+                   f"meaningful = HDI wholly beyond the ROPE")
+    decision = gc.gate_c_decision(row["hdi_low"], row["hdi_high"], tested_sigma, reg.sesoi, reg.meaningful)
+    row["label"], row["practically_meaningful"] = decision.label, decision.practically_meaningful
 
 
 def h5(inputs: Inputs, block, out: Result) -> None:
@@ -246,9 +273,9 @@ def h5(inputs: Inputs, block, out: Result) -> None:
     from fear_assets.analysis.primary_model import sample
 
     reg = inputs.registered
-    fc = block("primary")
+    fc = kept(block("primary"))  # 4.8: excluded trials enter no estimand
     fc = fc[(fc["depth"] == inputs.h5_depth) & fc["fc_choice"].astype(int).isin([1, 2])]
-    removed = block("content_removed")
+    removed = kept(block("content_removed"))
     removed = removed[(removed["depth"] == inputs.h5_depth) & removed["fc_choice"].astype(int).isin([1, 2])]
     if fc.empty:
         out.rows.append(_missing("H5", "confirmatory", "not_scored", f"no forced choices at the H5 depth {inputs.h5_depth}"))
@@ -271,12 +298,36 @@ def h5(inputs: Inputs, block, out: Result) -> None:
     out.rows.append(row)
     out.draws["H5"] = draws
     inputs.log(f"H5: mean {row['mean']:.3f}, HDI [{row['hdi_low']:.3f}, {row['hdi_high']:.3f}] -> {row['label']}")
+    # 5, secondary: plain d' for the self-threat cell and the agent x content interaction on
+    # d' (its two agent contrasts, the H2 and H3 forms), from the same probit fit.
+    for name, sec in dprime_secondaries(idata, cells).items():
+        srow = contrast_summary(name, sec, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
+                                kind="secondary", status="estimated", scale="d'", trials=len(rows),
+                                note=f"from the H5 probit at {inputs.h5_depth}")
+        srow["convergence_problems"] = "; ".join(convergence_problems(srow, reg.convergence))
+        out.rows.append(srow)
+        out.draws[name] = sec
+
+
+def dprime_secondaries(idata, cells) -> dict[str, np.ndarray]:
+    """5: d'(self, threat) and the agent x content interaction on d', as draws: the H2 form
+    (self vs peer) and the H3 form (self vs person) of [d'(a, T) - d'(a, H)] differences."""
+    from fear_assets.analysis.h5_model import cell_label
+
+    dp = idata.posterior["dprime"]
+    cell = lambda a, c: dp.sel(cell=cell_label((a, c))).values.reshape(-1)  # noqa: E731
+    effect = {a: cell(a, "threat") - cell(a, "harmless") for a in AGENTS}
+    return {"dprime_self_threat": cell("self", "threat"),
+            "dprime_interaction_self_vs_peer": effect["self"] - effect["peer"],
+            "dprime_interaction_self_vs_person": effect["self"] - effect["person"]}
 
 
 def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add) -> None:
-    """Positive-control contrasts (D4) with their pass rule. On pilot frames the pilot's
+    """Positive-control contrasts (D4) with their pass rule, each from one fit over the control
+    cells and the matched primary cells (``controls.fit_control``). On pilot frames the pilot's
     own control fits are reused (the same data; Appendix C runs them once)."""
     reg = inputs.registered
+    pfit_table = table("primary")
     if inputs.prefix == "pilot_" and inputs.pilot_controls is not None:
         for r in inputs.pilot_controls.itertuples():
             scored = not str(r.reason).startswith("not scored")
@@ -293,9 +344,8 @@ def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add)
             row["control_passed"] = False
             out.rows.append(row)
             continue
-        agents = ("addressee", "other_person") if name == "addressee_name" else AGENTS
-        fit = fit_cells(fitter, data, inputs.fears, inputs.band, inputs.seed(name), suffix, agents)
-        draws = CONTRASTS[name](fit.mu, pfit.mu)
-        verdict = control_verdict(name, draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
-        row = add(f"control_{name}", "control", draws, fit, note=verdict.reason)
+        fit = fit_control(fitter, name, data, pfit_table, inputs.fears, inputs.band, inputs.seed(name))
+        verdict = control_verdict(name, fit.draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
+        row = add(f"control_{name}", "control", fit.draws, fit, note=verdict.reason + "; one fit with the matched "
+                  "primary cells" if name != "addressee_name" else verdict.reason + "; its own cells")
         row["control_passed"] = verdict.passed

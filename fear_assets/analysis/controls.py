@@ -3,9 +3,22 @@ positive, from the primary model fitted on the control cells against the matched
 cells, averaged over the depth band; a control passes if its posterior mean is at least the
 SESOI and its 99% HDI lies wholly above zero.
 
-The control and the matched primary cells are fitted separately with the registered model
-(same frames, depths and structure); a contrast between them is the difference of the two
-posteriors' band-averaged cell means, draw by draw.
+"Control contrasts are fitted with the primary model on the control cells against the
+matched primary cells" (4.6): controls 2-4 are one fit of ``analysis.joint``'s two-block
+model over the control block and the matched primary cells (the primary block's trials on
+the same frames and depths), with a condition factor (control vs primary, sum-coded,
+Normal(0, fixed_effect_sd) like every fixed effect) and its interactions with agent x content
+x depth, and the primary model's frame effects shared by both blocks, so a frame's effects
+are paired across the blocks rather than entering twice as independent noise. The contrast
+is read from that one posterior, draw by draw.
+
+Control 1 (addressee's own name) is the one exception, a reading taken: its contrast,
+Delta(addressee) - Delta(other person), lies wholly within the control cells (D4 1), and its
+agents (the addressee and an uninvolved person) never occur in the primary cells, so no
+primary cell is matched to them and none enters the contrast; it is the primary model fitted
+to its own block. Its agent sentences have no registered document-independent surprisal
+(4.3 measures the self, peer and person sentences), so that fit has no surprisal covariates,
+declared here rather than dropped silently.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 #: D4's four controls: name -> (control block suffix, kind of contrast).
 CONTROLS = {
@@ -86,3 +100,57 @@ def control_verdict(name: str, draws: np.ndarray, hdi_prob: float, min_mean: flo
 
 def verdict_rows(verdicts: Sequence[ControlVerdict]) -> list[dict]:
     return [v.__dict__.copy() for v in verdicts]
+
+
+#: The addressee control's two agents (D4 1): its own cells only.
+ADDRESSEE_AGENTS = ("addressee", "other_person")
+
+
+@dataclass
+class ControlFit:
+    """One control's fit: the contrast's draws, the rows fitted, the chains and diagnostics."""
+
+    name: str
+    draws: np.ndarray
+    rows: int
+    chains: int
+    diagnostics: dict
+
+
+def matched_primary(control: pd.DataFrame, primary: pd.DataFrame) -> pd.DataFrame:
+    """The primary cells matched to a control block: the primary trials on the control's
+    frames and depths (same rotations, orders and cells by design)."""
+    keys = control[["frame", "depth"]].drop_duplicates()
+    return primary.merge(keys, on=["frame", "depth"], how="inner")
+
+
+def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame, fears: Sequence[str],
+                band: Sequence[str], seed: int) -> ControlFit:
+    """D4's contrast of control ``name`` from its registered fit (see the module docstring).
+    ``control`` and ``primary`` are model tables (``data.model_table``)."""
+    from fear_assets.analysis.data import AGENTS, levels_of, prepared
+    from fear_assets.analysis.joint import block_cell_means, prepare_joint
+    from fear_assets.analysis.primary_model import cell_means, check_band, convergence, posterior_draws
+
+    if control.empty:
+        raise ValueError(f"control {name}: no rows to fit; score its block first")
+    if name == "addressee_name":
+        levels = levels_of(control, fears, ADDRESSEE_AGENTS)
+        d = prepared(control, levels, covariates=())
+        idata = fitter.fit(d, seed)
+        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
+                        check_band(band, levels["depth"], f"control {name}"))
+        draws = CONTRASTS[name](mu, None)
+        return ControlFit(name, draws, len(control), int(idata.posterior.sizes["chain"]), convergence(idata))
+    matched = matched_primary(control, primary)
+    if matched.empty:
+        raise ValueError(f"control {name}: no primary trial on its frames and depths; score the primary block there")
+    data = pd.concat([control.assign(condition="control"), matched.assign(condition="primary")], ignore_index=True)
+    levels = levels_of(data, fears, AGENTS)
+    d = prepare_joint(data, levels, "condition", ("control", "primary"), fitter.priors.fixed_sd,
+                      per_block_sigma=False)
+    idata = fitter.fit(d, seed)
+    mu = block_cell_means(idata, d, band)
+    draws = CONTRASTS[name](mu["control"], mu["primary"])
+    return ControlFit(name, draws, len(data), int(idata.posterior.sizes["chain"]),
+                      convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))

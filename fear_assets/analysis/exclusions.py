@@ -19,7 +19,11 @@ import pandas as pd
 
 REASONS = ("excluded_context", "generation_truncated")
 CELL_COLUMNS = ("block", "agent", "content", "depth")
-RATE_COLUMNS = ("trials", "excluded", "rate", "flagged")
+#: Recorded per trial but not a reason for exclusion (4.8 names only REASONS): an answer that
+#: cannot fit in the window after a document that does. Counted per cell where scores carry it.
+RECORDED = ("answer_exceeds_context",)
+RATE_COLUMNS = ("trials", "excluded", "excluded_context", "generation_truncated", "answer_exceeds_context",
+                "rate", "flagged")
 
 
 def excluded(scores: pd.DataFrame) -> pd.Series:
@@ -45,7 +49,9 @@ def excluded(scores: pd.DataFrame) -> pd.Series:
 
 def exclusion_rates(scores: pd.DataFrame, cell_columns: Sequence[str] = CELL_COLUMNS, *,
                     flag_rate: float) -> pd.DataFrame:
-    """Per design cell: trials, excluded, rate = excluded / trials, flagged = rate > flag_rate.
+    """Per design cell: trials, excluded, each reason's count (``excluded_context``,
+    ``generation_truncated``; a trial with both counts under both, and once in ``excluded``),
+    rate = excluded / trials, flagged = rate > flag_rate.
 
     Cells are the distinct combinations of ``cell_columns``; a missing value (a baseline's
     agent, say) is its own cell rather than a dropped row. Comparing the exact quotient
@@ -60,20 +66,23 @@ def exclusion_rates(scores: pd.DataFrame, cell_columns: Sequence[str] = CELL_COL
                          f"(they have {list(scores.columns)})")
     if scores.empty:
         raise ValueError("scores are empty: there is nothing to rate; materialise the scores first")
-    flags = scores[cell_columns].assign(_excluded=excluded(scores).astype(int))
-    grouped = flags.groupby(cell_columns, dropna=False, sort=True)["_excluded"]
-    out = pd.DataFrame({"trials": grouped.size(), "excluded": grouped.sum()}).reset_index()
-    out["trials"] = out["trials"].astype(int)
-    out["excluded"] = out["excluded"].astype(int)
+    counted = (*REASONS, *[c for c in RECORDED if c in scores.columns])
+    flags = scores[cell_columns].assign(_excluded=excluded(scores).astype(int),
+                                        **{f"_{r}": scores[r].fillna(False).astype(bool).astype(int) for r in counted})
+    grouped = flags.groupby(cell_columns, dropna=False, sort=True)
+    out = pd.DataFrame({"trials": grouped.size(), "excluded": grouped["_excluded"].sum(),
+                        **{r: grouped[f"_{r}"].sum() for r in counted}}).reset_index()
+    for column in ("trials", "excluded", *counted):
+        out[column] = out[column].astype(int)
     out["rate"] = out["excluded"] / out["trials"]
     out["flagged"] = out["rate"] > flag_rate
-    return out[[*cell_columns, *RATE_COLUMNS]]
+    return out[[*cell_columns, *[c for c in RATE_COLUMNS if c in out.columns]]]
 
 
 def without_flagged_cells(data: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
     """The sensitivity data set of 4.8: ``data`` less every row in a flagged cell. The
     primary analysis is never run on this; it is the one reported beside it."""
-    missing_rate = [c for c in RATE_COLUMNS if c not in rates.columns]
+    missing_rate = [c for c in RATE_COLUMNS if c not in rates.columns and c not in RECORDED]
     if missing_rate:
         raise ValueError(f"rates lack {missing_rate}; pass the output of exclusion_rates")
     cell_columns = [c for c in rates.columns if c not in RATE_COLUMNS]

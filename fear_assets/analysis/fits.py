@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.data import AGENTS, levels_of, prepared
-from fear_assets.analysis.primary_model import Fitter, PrimaryData, cell_means, convergence, posterior_draws
+from fear_assets.analysis.primary_model import (COVARIATES, Fitter, PrimaryData, cell_means, check_band, convergence,
+                                                posterior_draws)
 from fear_assets.reading.decision import label
 
 
@@ -33,24 +34,21 @@ class Fit:
     def chains(self) -> int:
         return int(self.idata.posterior.sizes["chain"])
 
-    @property
-    def sigma(self) -> float:
-        return float(posterior_draws(self.idata, "sigma").mean())
 
 
 def fit_cells(fitter: Fitter, table: pd.DataFrame, fears: Sequence[str], band: Sequence[str], seed: int,
-              name: str, agents: Sequence[str] = AGENTS, fixed_sd: float | None = None) -> Fit:
+              name: str, agents: Sequence[str] = AGENTS, fixed_sd: float | None = None,
+              covariates: Sequence[str] = COVARIATES) -> Fit:
     """The registered model on ``table`` (a model table, see ``data.model_table``); cell
-    means averaged over the ``band`` depths present. ``fixed_sd`` replaces the fixed-effect
+    means averaged with equal weight over every ``band`` depth (a band depth without rows is
+    a MissingBandDepthError, raised before sampling). ``fixed_sd`` replaces the fixed-effect
     prior sd (the prior-sensitivity refit)."""
     if table.empty:
         raise ValueError(f"{name}: no rows to fit; score the block first")
     levels = levels_of(table, fears, agents)
-    d = prepared(table, levels)
+    present = check_band(band, levels["depth"], name)
+    d = prepared(table, levels, covariates)
     idata = fitter.fit(d, seed, fixed_sd=fixed_sd)
-    present = [b for b in band if b in levels["depth"]]
-    if not present:
-        raise ValueError(f"{name}: none of the band depths {list(band)} is in the data ({levels['depth']})")
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), present)
     return Fit(name, d, idata, mu, present, len(table), convergence(idata))
 

@@ -7,6 +7,11 @@ each, sum-to-zero coding) + frame effects (intercept, agent, content, agent x co
 six correlated effects, LKJ(2), half-Normal(0, 0.5) scales; non-centred through the
 Cholesky factor, which leaves the joint prior unchanged) + a unit intercept
 (half-Normal(0, 0.5) scale, non-centred). Sampled with nutpie (PyMC's NUTS as fallback).
+
+The random-effects structure (:func:`frame_and_unit_effects`) and the Student-t residual
+(:func:`student_t_residual`) are the building blocks that the joint two-block models (gate
+(c)'s reader factor, the positive controls' condition factor: ``analysis/joint.py``) reuse,
+so there is one copy of them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,45 @@ import pandas as pd
 from fear_assets.analysis.coding import cell_row, design, frame_slopes
 
 COVARIATES = ("surprisal_name", "surprisal_rest")
+
+
+class MissingCovariateError(ValueError):
+    """A trial lacks a registered surprisal covariate (6.1). The covariates are never dropped
+    from a fit to get round it: the message names the column, the rows and the fix."""
+
+
+class MissingBandDepthError(ValueError):
+    """A registered band depth has no data: averaging over the depths that happen to be
+    present would be a different estimand (5: equal weight over the registered band)."""
+
+
+def check_band(band: Sequence, depths: Sequence, what: str = "the fit") -> list:
+    """The band as given, if every depth of it is in ``depths``; else MissingBandDepthError."""
+    band = list(band)
+    if not band:
+        raise MissingBandDepthError(f"{what}: the depth band is empty; pass the registered band (e.g. ['d3', 'd4'])")
+    missing = [b for b in band if b not in list(depths)]
+    if missing:
+        raise MissingBandDepthError(
+            f"{what}: band depth(s) {missing} have no rows (depths present: {list(depths)}); the band average "
+            f"needs every registered band depth: score those depth partitions first")
+    return band
+
+
+def check_covariates(data: pd.DataFrame, covariates: Sequence[str], what: str = "the model table") -> None:
+    """MissingCovariateError if a covariate column is absent or missing on any row."""
+    for cov in covariates:
+        if cov not in data.columns:
+            raise MissingCovariateError(f"{what} has no column {cov!r}: build it with analysis.data.model_table "
+                                        f"(the surprisal covariates of 6.1)")
+        bad = data[cov].isna()
+        if bad.any():
+            sample = data.loc[bad, [c for c in ("item_id", "frame", "rotation", "agent", "content", "option")
+                                    if c in data.columns]].head(3).to_dict("records")
+            raise MissingCovariateError(
+                f"{what}: covariate {cov!r} is missing on {int(bad.sum())} of {len(data)} rows (e.g. {sample}): "
+                f"materialise sentence_surprisal for every frame, rotation, agent, content and option of these "
+                f"trials (or pass covariates=() where the registered design has none, as for the addressee control)")
 
 
 @dataclass(frozen=True)
@@ -62,10 +106,11 @@ class PrimaryData:
 def prepare(data: pd.DataFrame, levels: Mapping[str, Sequence], outcome: str = "delta",
             covariates: Sequence[str] = COVARIATES, document: str | None = None) -> PrimaryData:
     """``data`` columns: outcome, agent, content, depth, order, option, rotation, fear, frame,
-    unit and the covariates (centred here on their means, as registered)."""
-    data = data.copy()
-    for cov in covariates:
-        data[cov] = data[cov] - data[cov].mean()
+    unit and the covariates, already centred on their bank means (D3b; ``data.model_table``
+    does it). They are not re-centred here: centring on the fitted rows' mean would move the
+    reference point with every subset (a control block, a flagged-cell refit). A missing
+    covariate raises MissingCovariateError."""
+    check_covariates(data, covariates)
     X, names = design(data, levels, covariates)
     frames, frame_idx = np.unique(data["frame"], return_inverse=True)
     units, unit_idx = np.unique(data["unit"], return_inverse=True)
@@ -79,6 +124,33 @@ def prepare(data: pd.DataFrame, levels: Mapping[str, Sequence], outcome: str = "
 
 FRAME_EFFECTS = {6: ["intercept", "agent1", "agent2", "content", "agent1:content", "agent2:content"],
                  4: ["intercept", "agent1", "content", "agent1:content"]}
+
+
+def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_units: int, priors: Priors):
+    """The registered random effects' contribution to mu (6.1, D3b), inside a model context:
+    per frame, ``Z.shape[1]`` correlated effects (intercept, agent, content, agent x content:
+    six) with an LKJ(eta) correlation prior and half-Normal(group_sd) scales, non-centred
+    through the Cholesky factor (variables ``frame_chol``, ``z_frame``, ``frame_effects``);
+    plus a unit intercept with a half-Normal(group_sd) scale (``unit_sd``, ``z_unit``)."""
+    import pymc as pm
+
+    chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
+                                   sd_dist=pm.HalfNormal.dist(priors.group_sd), compute_corr=True)
+    z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(n_frames, n_effects))
+    frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
+    unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
+    z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=n_units)
+    return (Z * frame_effects[frame]).sum(axis=1) + unit_sd * z_unit[unit]
+
+
+def student_t_residual(priors: Priors, dims: str | None = None):
+    """(sigma, nu): the residual scale(s), half-Normal(residual_sd) (one per level of ``dims``
+    where given: gate (c)'s reader-specific scales), and nu ~ Gamma(alpha, beta) (6.1)."""
+    import pymc as pm
+
+    sigma = pm.HalfNormal("sigma", priors.residual_sd, dims=dims) if dims else pm.HalfNormal("sigma", priors.residual_sd)
+    nu = pm.Gamma("nu", alpha=priors.nu_alpha, beta=priors.nu_beta)
+    return sigma, nu
 
 
 def build_model(d: PrimaryData, priors: Priors):
@@ -99,12 +171,7 @@ def build_model(d: PrimaryData, priors: Priors):
         # A data container, so the prior-sensitivity refit (Normal(0, 1)) reuses the compiled model.
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
-        chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
-                                       sd_dist=pm.HalfNormal.dist(priors.group_sd), compute_corr=True)
-        z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(d.n_frames, n_effects))
-        frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
-        unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
-        z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=d.n_units)
+        random = frame_and_unit_effects(Z, frame, unit, d.n_frames, n_effects, d.n_units, priors)
         if d.document is not None:
             # H4 (6.1): an extra document intercept over the two content versions.
             doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
@@ -112,10 +179,8 @@ def build_model(d: PrimaryData, priors: Priors):
             mu_doc = doc_sd * z_doc[pm.Data("document", d.document.astype("int64"))]
         else:
             mu_doc = 0.0
-        sigma = pm.HalfNormal("sigma", priors.residual_sd)
-        nu = pm.Gamma("nu", alpha=priors.nu_alpha, beta=priors.nu_beta)
-        mu = (intercept + pm.math.dot(X, beta) + (Z * frame_effects[frame]).sum(axis=1)
-              + unit_sd * z_unit[unit] + mu_doc)
+        sigma, nu = student_t_residual(priors)
+        mu = intercept + pm.math.dot(X, beta) + random + mu_doc
         pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=y)
     return model
 
@@ -145,19 +210,22 @@ class Fitter:
 
     def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
         """Sample the registered model on ``d``; ``fixed_sd`` replaces the fixed-effect prior
-        sd (the prior-sensitivity refit)."""
+        sd (the prior-sensitivity refit). ``d`` may also be a joint two-block model's data
+        (``analysis.joint.JointData``), which names its own build/shape/update functions."""
         sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
+        build, same, updates = (d.model_functions() if hasattr(d, "model_functions")
+                                else (build_model, same_shape, data_updates))
         try:
             import nutpie
         except ImportError:
             priors = Priors(**{**self.priors.__dict__, "fixed_sd": sd})
-            return sample(build_model(d, priors), self.draws, self.tune, self.chains, seed)
-        compiled = next((c for ref, c in self._compiled if same_shape(ref, d)), None)
+            return sample(build(d, priors), self.draws, self.tune, self.chains, seed)
+        compiled = next((c for ref, c in self._compiled if type(ref) is type(d) and same(ref, d)), None)
         if compiled is None:
-            compiled = nutpie.compile_pymc_model(build_model(d, self.priors))
+            compiled = nutpie.compile_pymc_model(build(d, self.priors))
             self._compiled.append((d, compiled))
             self.compilations += 1
-        compiled = compiled.with_data(**data_updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
+        compiled = compiled.with_data(**updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
         with one_blas_thread():
             return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
                                  progress_bar=False, low_rank_modified_mass_matrix=True)
@@ -191,7 +259,9 @@ def sample(model, draws: int, tune: int, chains: int, seed: int, low_rank: bool 
 
 def cell_means(d: PrimaryData, beta: np.ndarray, intercept: np.ndarray, band: Sequence) -> dict[tuple[str, str], np.ndarray]:
     """mu(a, c): posterior draws of each cell mean averaged with equal weight over the band
-    depths (and over order, option, rotation and fear at their design balance)."""
+    depths (and over order, option, rotation and fear at their design balance). Every band
+    depth must be in the data (MissingBandDepthError otherwise)."""
+    check_band(band, d.levels["depth"], "cell means")
     out = {}
     for agent in d.levels["agent"]:
         for content in d.levels["content"]:
@@ -222,6 +292,36 @@ def convergence(idata, names: Sequence[str] = ("intercept", "beta", "sigma", "nu
 def divergences(idata) -> int:
     """Divergent transitions of a posterior (0 where the sampler records none)."""
     return int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else 0
+
+
+class ResidualSDNotFiniteError(ValueError):
+    """The fit puts nu <= 2 on half or more of its draws: a Student-t with nu <= 2 has no
+    finite standard deviation, so gate (c)'s scale cannot be read from it."""
+
+
+def implied_residual_sd(idata) -> float:
+    """The trial-level residual SD implied by a Student-t fit (6.2: gate (c)'s sigma).
+
+    Per draw, SD = sigma * sqrt(nu / (nu - 2)), the standard deviation of a Student-t with
+    scale sigma and nu > 2 degrees of freedom (not the scale sigma itself, which understates
+    it by that factor). A draw with nu <= 2 has an infinite SD. The point value is the
+    posterior median over draws (infinite draws included as +inf): the mean is not used,
+    because draws with nu just above 2 make it unstable. Reading taken: 6.2 asks for one
+    number; the median is defined whenever fewer than half the draws have nu <= 2, and if half
+    or more do, no finite SD exists and ResidualSDNotFiniteError says so."""
+    sigma = posterior_draws(idata, "sigma")
+    nu = posterior_draws(idata, "nu")
+    if sigma.ndim != 1:
+        raise ValueError("implied_residual_sd reads one residual scale; pass a primary-model fit, not a joint "
+                         "model with reader-specific scales")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sd = np.where(nu > 2, sigma * np.sqrt(nu / np.where(nu > 2, nu - 2, 1.0)), np.inf)
+    value = float(np.median(sd))
+    if not np.isfinite(value):
+        raise ResidualSDNotFiniteError(
+            f"{int((nu <= 2).sum())} of {len(nu)} posterior draws have nu <= 2, where the Student-t residual has no "
+            f"finite SD: gate (c)'s scale cannot be set from this pilot fit; score more pilot trials")
+    return value
 
 
 def posterior_draws(idata, name: str) -> np.ndarray:

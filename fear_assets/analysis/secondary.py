@@ -19,7 +19,7 @@ from fear_assets.analysis.exclusions import exclusion_rates
 from fear_assets.analysis.frequentist import label_disagreements, mixed_model_contrasts
 from fear_assets.analysis.mediation import attention_mediation, h2_with_without_covariates
 from fear_assets.analysis.topic_frequency import load_topic_counts
-from fear_assets.pilot.report_rule import agent_keywords, mentions
+from fear_assets.pilot.report_rule import agent_keywords, mentions, partner_keywords
 
 
 def _row(name: str, status: str, note: str, **numbers) -> dict:
@@ -36,7 +36,7 @@ def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence
     levels = levels_of(primary, fears)
     data = primary.assign(delta=primary["outcome"])
     try:
-        freq = mixed_model_contrasts(data, levels, [b for b in band if b in levels["depth"]], level)
+        freq = mixed_model_contrasts(data, levels, list(band), level)
     except Exception as exc:  # noqa: BLE001 - e.g. one pilot frame: reported as a row, never hidden
         return [_row("frequentist_mixed_model", "failed",
                      f"the mixed model could not be fitted ({type(exc).__name__}: {exc})", kind="sensitivity")]
@@ -55,7 +55,7 @@ def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence
 def mediation_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence[str], level: float) -> list[dict]:
     levels = levels_of(primary, fears)
     data = primary.assign(delta=primary["outcome"])
-    present = [b for b in band if b in levels["depth"]]
+    present = list(band)  # a missing band depth is an error (check_band), not a smaller band
     try:
         med = attention_mediation(data, levels, present, level)
         cov = h2_with_without_covariates(data, levels, present, level)
@@ -78,9 +78,12 @@ def exclusion_rows(scores: pd.DataFrame, flag_rate: float) -> tuple[list[dict], 
     the registered rate is flagged (its sensitivity analysis is then reported)."""
     rates = exclusion_rates(scores, flag_rate=flag_rate)
     flagged = rates[rates["flagged"]]
-    note = ("no cell above the registered exclusion rate" if flagged.empty else
-            "flagged cells: " + "; ".join(f"{r.block}/{r.agent}/{r.content}/{r.depth} {r.rate:.1%}"
-                                         for r in flagged.itertuples()))
+    counts = (f"{int(rates['excluded'].sum())} of {int(rates['trials'].sum())} trials excluded "
+              f"({int(rates['excluded_context'].sum())} document over the context window, "
+              f"{int(rates['generation_truncated'].sum())} generated answer truncated); ")
+    note = counts + ("no cell above the registered exclusion rate" if flagged.empty else
+                     "flagged cells: " + "; ".join(f"{r.block}/{r.agent}/{r.content}/{r.depth} {r.rate:.1%}"
+                                                  for r in flagged.itertuples()))
     return [_row("exclusions", "descriptive", note, mean=float(rates["rate"].max()) if len(rates) else 0.0)], rates
 
 
@@ -110,27 +113,32 @@ def five_fear_rows(primary: pd.DataFrame, fears: Sequence[str], counts_path: Pat
     return out
 
 
-def generated_report_rows(primary: pd.DataFrame, bank) -> list[dict]:
-    """The generated-report estimand (descriptive): the H2 form of the rate at which the
-    greedy answer mentions the agent item minus the neutral item (keyword rule)."""
+def generated_report_rows(primary: pd.DataFrame, bank, neutral_option: int) -> list[dict]:
+    """The generated-report estimands (5: "the same estimands on generated reports";
+    descriptive): per trial, whether the greedy answer mentions the agent item minus whether
+    it mentions the neutral item (keyword rule, 4.5), so -1, 0 or 1; its raw cell means over
+    the trials present; H1, H2 and H3 in D3's form on them. ``primary`` is a model table, so
+    excluded trials (a truncated answer included, 4.8) are already out."""
     rows = primary[primary["generated_text"].notna()]
     if rows.empty:
-        return [_row("H2_generated_report", "not_scored", "no greedy answers were generated")]
+        return [_row(f"{h}_generated_report", "not_scored", "no greedy answers were generated") for h in ("H1", "H2", "H3")]
 
-    def agent_mention(r) -> bool:
+    def difference(r) -> float:
         item = bank.item(r.item_id)
         verb = item.verb("person" if r.agent == "person" else "assistant", r.content)
-        return mentions(r.generated_text, agent_keywords(verb, item.content_options[int(r.option) - 1]))
+        agent = mentions(r.generated_text, agent_keywords(verb, item.content_options[int(r.option) - 1]))
+        neutral = mentions(r.generated_text, partner_keywords(item.partner.sentence,
+                                                              item.partner.content_options[neutral_option - 1]))
+        return float(agent) - float(neutral)
 
-    mention = pd.Series([agent_mention(r) for r in rows.itertuples()], index=rows.index, dtype=float)
-    m = mention.groupby([rows["agent"], rows["content"]]).mean()
-    try:
-        value = (m[("self", "threat")] - m[("self", "harmless")]) - (m[("peer", "threat")] - m[("peer", "harmless")])
-    except KeyError:
-        value = np.nan
-    return [_row("H2_generated_report", "descriptive",
-                 f"difference of agent-mention rates in the H2 form over {len(rows)} answers (keyword rule)",
-                 mean=float(value))]
+    value = pd.Series([difference(r) for r in rows.itertuples()], index=rows.index, dtype=float)
+    m = value.groupby([rows["agent"], rows["content"]]).mean()
+    effect = {a: m.get((a, "threat"), np.nan) - m.get((a, "harmless"), np.nan) for a in ("self", "peer", "person")}
+    estimates = {"H1": float(np.mean(list(effect.values()))), "H2": float(effect["self"] - effect["peer"]),
+                 "H3": float(effect["self"] - effect["person"])}
+    return [_row(f"{h}_generated_report", "descriptive",
+                 f"{h} form of the agent-minus-neutral mention difference, raw cell means over {len(rows)} answers "
+                 f"(keyword rule)", mean=v) for h, v in estimates.items()]
 
 
 def class_rows(scores: pd.DataFrame, prefix: str, level: float, sesoi: float) -> list[dict]:

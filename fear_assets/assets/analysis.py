@@ -44,16 +44,15 @@ def convergence_problems(diag: dict, rule: dict) -> list[str]:
 
 def h4_data(outputs: pd.DataFrame, surprisal: pd.DataFrame, bank, neutral_option: int) -> pd.DataFrame:
     """Model table of H4: one row per probed document version, with the registered
-    covariates (agent sentence's name NLL; rest NLL minus the partner's)."""
+    covariates (agent sentence's name NLL; rest NLL minus the partner's), centred on their
+    bank means (D3b, as every fit of the primary model)."""
+    from fear_assets.analysis.data import covariate_centres, sentence_covariates
+
     d = outputs.rename(columns={"fold_rotation": "rotation", "content_option": "option"}).copy()
-    agent = surprisal[surprisal["agent"] != "partner"][["item_id", "rotation", "agent", "content", "option",
-                                                        "name_nll", "rest_nll"]]
-    partner = surprisal[(surprisal["agent"] == "partner") & (surprisal["option"] == neutral_option)][
-        ["item_id", "rotation", "rest_nll"]].rename(columns={"rest_nll": "partner_rest_nll"})
-    d = d.merge(agent, on=["item_id", "rotation", "agent", "content", "option"], how="left")
-    d = d.merge(partner, on=["item_id", "rotation"], how="left")
-    d["surprisal_name"] = d["name_nll"]
-    d["surprisal_rest"] = d["rest_nll"] - d["partner_rest_nll"]
+    d = d.merge(sentence_covariates(surprisal, neutral_option), on=["item_id", "rotation", "agent", "content", "option"],
+                how="left")
+    for cov, centre in covariate_centres(surprisal, neutral_option).items():
+        d[cov] = d[cov] - centre
     d["depth"] = "d" + d["depth_index"].astype(str)
     d["frame"] = d["item_id"]
     d["fear"] = [bank.item(i).group for i in d["item_id"]]
@@ -95,7 +94,8 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
         sampler = settings.section("sampler")
         idata = sample(build_model(d, Priors.from_settings(settings)), int(sampler["draws"]), int(sampler["tune"]),
                        int(sampler["chains"]), seed)
-        band = [f"d{b}" for b in pilot_depths["depth_band"].iloc[0].split(",") if f"d{b}" in levels["depth"]]
+        # A band depth without probe documents is an error (MissingBandDepthError), not a smaller band.
+        band = [f"d{b}" for b in pilot_depths["depth_band"].iloc[0].split(",")]
         mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band)
         h4 = hypotheses(mu)["H2"]
         low, high = az.hdi(h4, hdi_prob=settings.decision["hdi_prob"])
@@ -172,7 +172,8 @@ def _record(registration_record: pd.DataFrame) -> dict:
          "assignment_key": dg.AssetIn(partition_mapping=all_depths_of_family)},
 )
 def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores: pd.DataFrame,
-               assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame, registration_record: pd.DataFrame,
+               assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame,
+               judge_sentence_surprisal: pd.DataFrame, registration_record: pd.DataFrame,
                pilot_controls: pd.DataFrame, h4_posterior: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Every registered estimand of one configuration (5, 6.1-6.2; D3, D4): H1-H3 as
     band-averaged posterior contrasts of the primary model (Student-t, sum-to-zero fixed
@@ -213,7 +214,8 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, sc
         seed=lambda name: derived_seed(settings.master_seed, "posteriors", family_key, name) % (2**31),
         bank=bank, topic_counts_path=Path(protocol.cache_dir).parent / "topic_counts.csv",
         pilot_controls=pilot_controls, h5_priors=H5Priors.from_settings(settings),
-        gate_c_priors=GateCPriors.from_settings(settings), log=context.log.info)
+        gate_c_priors=GateCPriors.from_settings(settings), log=context.log.info,
+        judge_surprisal=judge_sentence_surprisal if len(judge_sentence_surprisal) else None)
     result = run(inputs, fitter)
     table = pd.DataFrame(result.rows)
     h4 = h4_posterior.iloc[0]
@@ -258,6 +260,8 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, sc
         "plots (PNG files)": dg.MetadataValue.path(str(directory)),
         "frame set": "pilot (descriptive)" if prefix else "confirmatory",
         "flags": "; ".join(flags) or "none", "model compilations": fitter.compilations,
+        "exclusions by cell (4.8)": dg.MetadataValue.md(
+            result.exclusions.to_markdown(index=False) if result.exclusions is not None else "none"),
         "draws": f"{draws_path} (sha256 {sha256_file(draws_path)[:12]})",
     })
 

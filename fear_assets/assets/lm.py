@@ -181,6 +181,34 @@ def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoco
     return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})
 
 
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
+def judge_sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                             language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    """The same document-independent surprisal under the foreign judge, after its own
+    third-person system prompt (4.3, 4.8): gate (c)'s joint model gives each reader its own
+    surprisal covariates. Empty (with a note) where the family scores no judge block (the
+    embedded demo), so gate (c) then says it is not available. Names are the name gate's
+    selection, as in the documents (4.2)."""
+    from fear_assets.lm.surprisal import SURPRISAL_COLUMNS
+
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    family = settings.family(family_key)
+    judge_blocks = [b.name for b in settings.blocks if b.reader == "judge" and b.kind != "baseline"]
+    scored = family.reduced_design.scored_blocks if family.reduced_design else judge_blocks
+    if not set(judge_blocks) & set(scored):
+        return dg.Output(pd.DataFrame(columns=SURPRISAL_COLUMNS).assign(family=family_key),
+                         metadata={"note": "no judge block is scored for this family: gate (c) is not available"})
+    spec = registry(settings, family_key)["judge"]
+    model, tokenizer = language_model.load(spec)
+    ids = candidate_frames(settings, bank, family)
+    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"judge": tokenizer})
+    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
+                              log=context.log.info, reader="judge")
+    return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})
+
+
 def _write_features(path: Path, features: np.ndarray) -> str:
     """Atomic .npy write; returns its sha256 (Appendix B: activation checksums)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,6 +269,7 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
     return result, {
         "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
         "generation truncated": int(result["generation_truncated"].sum()),
+        "answer cannot fit after the document (recorded, not excluded)": int(result["answer_exceeds_context"].sum()),
         "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
         "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),

@@ -6,6 +6,7 @@ import time
 import dagster as dg
 import pandas as pd
 
+from fear_assets.analysis.data import kept
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.pilot.binding import binding_verdicts, in_context_rate, single_sentence_checks
@@ -38,7 +39,8 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     resolved outcome of 4.5 (``report_scoring``: keyword rule, blinded scorer, stem pass on
     disagreement); refusals are their own category and do not enter the rate."""
     settings = protocol.settings()
-    pilot = scores[scores["block"] == "pilot_primary"].copy()
+    # 4.8: excluded trials (document over the window, truncated answer) enter no rule.
+    pilot = kept(scores[scores["block"] == "pilot_primary"]).copy()
     if pilot.empty:
         raise ValueError("no pilot_primary scores for this family: materialise scores for its depth partitions first")
     pilot["depth_index"] = pilot["depth"].str[1:].astype(int)
@@ -335,7 +337,10 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
     rule_settings = settings.section("report_scoring")
-    pilot = scores[(scores["block"] == "pilot_primary") & scores["generated_text"].notna()]
+
+    # 4.8: a truncated answer (or a document over the window) is an excluded trial.
+    pilot = kept(scores)
+    pilot = pilot[(pilot["block"] == "pilot_primary") & pilot["generated_text"].notna()]
     rows = scorer_rows(pilot, trial_table, bank, int(settings.design["neutral_partner_option"]), partner_keywords)
     if rows.empty:
         raise ValueError("no generated pilot answers: score the pilot_primary block (with its greedy answer) first")
@@ -402,16 +407,22 @@ def _band(pilot_depths: pd.DataFrame) -> list[str]:
                "assignment_key": dg.AssetIn(partition_mapping=all_depths_of_family)})
 def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores: pd.DataFrame,
                    pilot_control_scores: pd.DataFrame, assignment_key: pd.DataFrame,
-                   sentence_surprisal: pd.DataFrame, pilot_depths: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                   sentence_surprisal: pd.DataFrame, judge_sentence_surprisal: pd.DataFrame,
+                   pilot_depths: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The four positive controls on the pilot frames (4.6, D4), each contrast signed so the
-    predicted direction is positive and averaged over the depth band: the registered model
-    is fitted to the control cells and to the matched primary cells (pilot_primary), and the
-    contrast is read draw by draw. A control passes with posterior mean >= 0.15 and its 99%
-    HDI wholly above zero; a failing control may be strengthened once before registration.
-    Also records the pilot's trial-level residual SD (sigma), the scale of gate (c)."""
-    from fear_assets.analysis.controls import CONTRASTS, CONTROLS, control_verdict
+    predicted direction is positive and averaged over the depth band: the primary model is
+    fitted once on the control cells together with the matched primary cells
+    (pilot_primary), with a condition factor and its interactions and shared frame effects,
+    and the contrast is read from that posterior (the addressee control, whose contrast lies
+    within its own cells, is fitted on them). A control passes with posterior mean >= 0.15
+    and its 99% HDI wholly above zero; a failing control may be strengthened once before
+    registration. Also records gate (c)'s scale: the trial-level residual SD implied by the
+    primary model fitted to the pilot over all pilot depths (Student-t scale and nu), for
+    the tested model and, where scored, the judge (with its own surprisals)."""
+    from fear_assets.analysis.controls import CONTROLS, control_verdict, fit_control
     from fear_assets.analysis.data import model_table
     from fear_assets.analysis.fits import fit_cells
+    from fear_assets.analysis.primary_model import implied_residual_sd
     from fear_assets.hashing import derived_seed
 
     settings, bank = protocol.settings(), protocol.bank()
@@ -421,16 +432,19 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     fears_of = {i: bank.item(i).group for i in set(scores["item_id"]) | set(pilot_control_scores["item_id"])}
     neutral = int(settings.design["neutral_partner_option"])
     every = pd.concat([scores, pilot_control_scores], ignore_index=True)
-    every = every[every["depth"].isin(band)]
 
-    def table(block: str) -> pd.DataFrame:
-        rows = every[every["block"] == block]
-        return model_table(_pilot_unmasked(rows, assignment_key), sentence_surprisal, fears_of, neutral) \
+    def table(block: str, depths=None, surprisal: pd.DataFrame = sentence_surprisal) -> pd.DataFrame:
+        rows = every[(every["block"] == block) & (every["depth"].isin(band if depths is None else depths))]
+        return model_table(_pilot_unmasked(rows, assignment_key), surprisal, fears_of, neutral) \
             if len(rows) else rows
 
     fitter = _fitter(settings)
     seed = lambda name: derived_seed(settings.master_seed, "pilot_controls", family_key, name) % (2**31)
-    primary = fit_cells(fitter, table("pilot_primary"), settings.fears, band, seed("primary"), "pilot_primary")
+    all_depths = sorted(set(every.loc[every["block"] == "pilot_primary", "depth"]), key=lambda k: int(k[1:]))
+    # Gate (c)'s sigma: the primary model on the pilot over all pilot depths (6.2).
+    primary_all = fit_cells(fitter, table("pilot_primary", all_depths), settings.fears, band, seed("primary"),
+                            "pilot_primary")
+    primary = table("pilot_primary")
     rows = []
     for name, suffix in CONTROLS.items():
         data = table(f"pilot_{suffix}")
@@ -438,24 +452,29 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
             rows.append({"control": name, "mean": float("nan"), "hdi_low": float("nan"), "hdi_high": float("nan"),
                          "passed": False, "reason": f"not scored: block pilot_{suffix} has no rows at the band depths"})
             continue
-        agents = ("addressee", "other_person") if name == "addressee_name" else ("self", "peer", "person")
-        fit = fit_cells(fitter, data, settings.fears, band, seed(name), f"pilot_{suffix}", agents)
-        verdict = control_verdict(name, CONTRASTS[name](fit.mu, primary.mu), settings.decision["hdi_prob"],
+        fit = fit_control(fitter, name, data, primary, settings.fears, band, seed(name))
+        verdict = control_verdict(name, fit.draws, settings.decision["hdi_prob"],
                                   float(rule["pass_min_mean"]), float(rule["hdi_above"]))
         rows.append({**verdict.__dict__, "trials": fit.rows, "max_rhat": fit.diagnostics["max_rhat"],
                      "divergences": fit.diagnostics["divergences"]})
         context.log.info(f"control {name}: mean {verdict.mean:.3f}, HDI [{verdict.hdi_low:.3f}, "
                          f"{verdict.hdi_high:.3f}] -> {'pass' if verdict.passed else 'FAIL'}")
-    # Gate (c) standardises each reader by its own pilot residual SD: the judge's, where scored.
-    judge = table("pilot_judge")
-    judge_sigma = fit_cells(fitter, judge, settings.fears, band, seed("judge"), "pilot_judge").sigma \
-        if len(judge) else float("nan")
-    result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=primary.sigma,
-                                       pilot_sigma_judge=judge_sigma, compilations=fitter.compilations)
+    # Gate (c) standardises each reader by its own pilot residual SD: the judge's, where scored
+    # (its covariates from its own surprisals).
+    judge_sigma = float("nan")
+    if len(judge_sentence_surprisal):
+        judge = table("pilot_judge", all_depths, judge_sentence_surprisal)
+        if len(judge):
+            judge_sigma = implied_residual_sd(fit_cells(fitter, judge, settings.fears, band, seed("judge"),
+                                                        "pilot_judge").idata)
+    sigma = implied_residual_sd(primary_all.idata)
+    result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=sigma,
+                                       pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths),
+                                       compilations=fitter.compilations)
     return dg.Output(result, metadata={
         "controls": dg.MetadataValue.md(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]
                                         .round(3).to_markdown(index=False)),
-        "pilot sigma (gate (c) scale)": round(primary.sigma, 4),
+        "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(sigma, 4),
         "model compilations": fitter.compilations,
     })
 

@@ -30,7 +30,10 @@ def load_features(scored: pd.DataFrame) -> np.ndarray:
 
 
 def probe_inputs(scores: pd.DataFrame, blocks: tuple[str, str, str]):
+    from fear_assets.analysis.data import kept
+
     agent_blocks, no_agent_block = blocks[:2], blocks[2]
+    scores = kept(scores)  # 4.8: an excluded trial (over the window, truncated answer) enters no probe
     docs = scores[scores["block"].isin(agent_blocks) & (scores["feature_row"] >= 0)].copy()
     docs["depth_index"] = docs["depth"].str[1:].astype(int)
     X = load_features(docs)

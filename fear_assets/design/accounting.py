@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fear_assets.design.trials import BINDING_CELLS, FrameSelection, block_applies, block_depths, expected_block_rows
+from fear_assets.design.trials import (BINDING_CELLS, FrameSelection, baseline_per_order, block_applies,
+                                       block_depths, expected_block_rows)
 from fear_assets.settings import ProtocolSettings
 
 ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected_rows", "actual_rows",
@@ -21,7 +22,8 @@ def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) ->
     if block.kind == "binding":
         return f"{settings.design['binding_in_context_documents']} registered in-context documents"
     if block.kind == "baseline":
-        return f"{n_frames} {unit} x {n_rot} rotations x {n_depths} depths"
+        orders = f" x {n_order} orders (the judge's prompt depends on order)" if baseline_per_order(block) else ""
+        return f"{n_frames} {unit} x {n_rot} rotations x {n_depths} depths{orders}"
     if block.kind == "no_agent":
         return f"{n_frames} {unit} x {n_rot} rotations x {n_order} orders x {n_depths} depths"
     n_cells = len(settings.cell_set(block.cells))

@@ -9,7 +9,7 @@ import pandas as pd
 
 from fear_assets.design.documents import ChatTokenizer, DocumentBuilder, render_grid
 from fear_assets.design.masking import assignment_key, mask
-from fear_assets.design.trials import FrameSelection, build_grid
+from fear_assets.design.trials import FrameSelection, baseline_per_order, build_grid
 from fear_assets.settings import ProtocolSettings
 from fear_assets.stimuli.bank import Bank
 
@@ -42,12 +42,18 @@ def baseline_block_for(settings: ProtocolSettings, block_name: str) -> str | Non
 
 
 def _unit_ids(grid: pd.DataFrame, settings: ProtocolSettings) -> tuple[pd.Series, pd.Series]:
+    """(unit id, baseline unit id). A baseline built per order (the judge's: ``baseline_per_order``)
+    carries the order in its unit id, and its documents point at the baseline of their own order."""
     baseline_of = {b.name: baseline_block_for(settings, b.name) for b in settings.blocks}
+    per_order = {b.name for b in settings.blocks if baseline_per_order(b)}
     is_baseline = grid["block_kind"] == "baseline"
     unit = grid["block"] + "|" + grid["item_id"] + "|r" + grid["rotation"].astype(str)
-    unit = unit.where(is_baseline, unit + "|o" + grid["order"].astype(str)) + "|" + grid["depth"]
+    with_order = ~is_baseline | grid["block"].isin(per_order)
+    unit = unit.where(~with_order, unit + "|o" + grid["order"].astype(str)) + "|" + grid["depth"]
     bblock = grid["block"].map(baseline_of)
-    baseline_unit = (bblock + "|" + grid["item_id"] + "|r" + grid["rotation"].astype(str) + "|" + grid["depth"])
+    baseline_unit = bblock + "|" + grid["item_id"] + "|r" + grid["rotation"].astype(str)
+    baseline_unit = baseline_unit.where(~bblock.isin(per_order), baseline_unit + "|o" + grid["order"].astype(str))
+    baseline_unit = baseline_unit + "|" + grid["depth"]
     return unit, baseline_unit.where(bblock.notna(), "")
 
 

@@ -143,6 +143,17 @@ def block_applies(block: Block, family: Family) -> bool:
     return not (block.reader == "base" and family.base is None)
 
 
+def baseline_per_order(block: Block) -> bool:
+    """Whether a distractor-only baseline block exists once per order. 4.5: the baseline has
+    "the identical prompt" as its documents, "order does not apply, because no agent sentence
+    is present". The foreign judge's system prompt, however, introduces its two assistants in
+    an order counterbalanced by frame, rotation and order (4.8, settings
+    ``design.judge_self_first``), so an order-2 judge document has another system prompt than
+    an order-1 one: the judge's baseline is built per order, each document paired with the
+    baseline of its own order. Other readers' prompts do not depend on order."""
+    return block.kind == "baseline" and block.reader == "judge"
+
+
 def block_depths(block: Block, family: Family) -> tuple[int, ...]:
     return (family.deepest_index,) if block.depths == "deepest" else tuple(range(1, family.deepest_index + 1))
 
@@ -158,7 +169,7 @@ def expected_block_rows(settings: ProtocolSettings, block: Block, family: Family
     if block.kind == "binding":
         return int(settings.design["binding_in_context_documents"]) if n_depths else 0
     if block.kind == "baseline":
-        return n_frames * n_rot * n_depths
+        return n_frames * n_rot * n_depths * (n_order if baseline_per_order(block) else 1)
     if block.kind == "no_agent":
         return n_frames * n_rot * n_order * n_depths
     return n_frames * len(settings.cell_set(block.cells)) * n_rot * n_order * n_depths
@@ -191,8 +202,12 @@ def _expand_block(settings: ProtocolSettings, family: Family, block: Block, item
         for rotation in rotations:
             for depth_index in depths:
                 if block.kind == "baseline":
-                    rows.append(_row(family, block, item, depth_index, rotation=rotation,
-                                     judge_self_first=judge_self_first(settings, item.number, rotation, 1)))
+                    for order in (orders if baseline_per_order(block) else [None]):
+                        # order None: the baseline does not depend on it (its row keeps order 0).
+                        rows.append(_row(family, block, item, depth_index, rotation=rotation,
+                                         order=order or 0,
+                                         judge_self_first=judge_self_first(settings, item.number, rotation,
+                                                                           order or 1)))
                     continue
                 for order in orders:
                     k = rotation_order_index(rotation, order)

@@ -192,21 +192,33 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
             question = list(range(q_a - shared, q_b - shared))
         cont_ids = {b: {label: encode_pair(encode, req.branches[b][-256:], text)[1] for label, text in c.items()}
                     for b, c in req.continuations.items()}
-        longest = max(len(branch_ids[b]) + max((len(x) for x in cont_ids.get(b, {}).values()), default=0)
-                      + (config.max_new_tokens if req.generate == b else 0) for b in branch_ids)
+        # 4.8: "A trial is excluded only if the document exceeds the context window after
+        # tokenisation": the document (each branch's prompt) alone decides the exclusion. An
+        # answer that cannot fit after a document that does is recorded, not excluded:
+        # ``answer_exceeds_context`` (counted in the exclusion report). Reports are still scored
+        # (teacher forcing past the window; the flag says so), and the greedy answer is cut where
+        # the window ends, which marks it truncated by the length limit (excluded by that rule).
+        document = max(len(ids) for ids in branch_ids.values())
+        answer_room = {b: config.context_window - len(branch_ids[b]) for b in branch_ids}
+        answer_needs = {b: max((len(x) for x in cont_ids.get(b, {}).values()), default=0) for b in branch_ids}
+        generate = {b: (config.max_new_tokens if req.generate == b else 0) for b in branch_ids}
+        over = [b for b in branch_ids if max(answer_needs[b], generate[b]) > answer_room[b]]
         readout = {"request": req.key, "reader": req.reader, "n_tokens": len(branch_ids["report"]),
-                   "excluded_context": longest > config.context_window, "exclusion_reason": "",
-                   "trial_ids": json.dumps(req.trial_ids)}
+                   "excluded_context": document > config.context_window, "exclusion_reason": "",
+                   "answer_exceeds_context": bool(over), "trial_ids": json.dumps(req.trial_ids)}
         if readout["excluded_context"]:
-            readout["exclusion_reason"] = (f"document plus answer needs {longest} tokens; the context window is "
+            readout["exclusion_reason"] = (f"the document needs {document} tokens; the context window is "
                                            f"{config.context_window}")
             readouts.append(readout)
             continue
+        if over:
+            readout["exclusion_reason"] = ("not excluded; an answer cannot fit after the document in branch(es) "
+                                           + ", ".join(f"{b} ({answer_room[b]} tokens left)" for b in over))
         order = list(branch_ids)
         branches = [Branch(name=b, prompt_ids=branch_ids[b][shared:],
                            continuations=list(cont_ids.get(b, {}).values()),
                            choice_ids=_choice_ids(tokenizer, req.choices.get(b, [])),
-                           generate_tokens=config.max_new_tokens if req.generate == b else 0,
+                           generate_tokens=min(generate[b], max(answer_room[b], 0)),
                            eos_ids=eos_ids) for b in order]
         hooks = {"report": capture} if req.spans and question else {}
         results = engine.run_document(branch_ids["report"][:shared], branches, capture_branch=hooks,
@@ -221,7 +233,8 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
                 readout[f"{b}_choice_logprobs"] = json.dumps(res.choice_logprobs)
             if req.generate == b:
                 readout["generated_text"] = tokenizer.decode(res.generated_ids, skip_special_tokens=True)
-                readout["generation_truncated"] = res.truncated
+                # No room at all for an answer: nothing was generated, which is a truncation too.
+                readout["generation_truncated"] = res.truncated or answer_room[b] <= 0
         report = results["report"]
         if report.residual is not None:
             # The residual stream at the first token of the open question.

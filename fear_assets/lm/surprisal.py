@@ -49,21 +49,29 @@ def sentence_requests(builder: DocumentBuilder, items: Sequence[Item]) -> list[d
     return out
 
 
-def system_context(builder: DocumentBuilder, rotation: int) -> str:
-    """The chat text up to where the user's message (the sentence) begins."""
+#: The system prompt each reader's surprisal is measured after: the tested (and base) model's
+#: default prompt; the foreign judge's own third-person prompt (4.8), self named first.
+READER_PROMPTS = {"tested": "default", "judge": "judge"}
+
+
+def system_context(builder: DocumentBuilder, rotation: int, reader: str = "tested") -> str:
+    """The chat text up to where the user's message (the sentence) begins, under ``reader``'s
+    own system prompt and chat template."""
     settings, t = builder.settings, builder.templates
     names = role_names(settings, builder.names, rotation)
     slots = {**names, "first_assistant": names["self"], "second_assistant": names["peer"], "peer_threat_clause": ""}
-    prefix, _ = builder.chat_parts("tested", t["system_prompts"]["default"].format(**slots), SENTINEL)
+    prefix, _ = builder.chat_parts(reader, t["system_prompts"][READER_PROMPTS[reader]].format(**slots), SENTINEL)
     return prefix
 
 
 def sentence_surprisal(engine: TeacherForcedEngine, tokenizer, builder: DocumentBuilder, items: Sequence[Item],
-                       batch_size: int = 64, log=lambda msg: None) -> pd.DataFrame:
+                       batch_size: int = 64, log=lambda msg: None, reader: str = "tested") -> pd.DataFrame:
+    """``reader`` "judge": the foreign judge's own surprisals (its covariates in gate (c)),
+    after its own system prompt; the builder must hold its tokenizer under "judge"."""
     requests = sentence_requests(builder, items)
     rows = []
     for rotation in sorted(builder.settings.rotations):
-        context = system_context(builder, rotation)
+        context = system_context(builder, rotation, reader)
         ctx_ids = tokenizer.encode(context, add_special_tokens=False)
         group = [r for r in requests if r["rotation"] == rotation]
         conts, n_name = [], []

@@ -52,6 +52,7 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
                     "exclusion_reason": r["exclusion_reason"] or "",
                     "generated_text": _value(r, "generated_text", None),
                     "generation_truncated": bool(_value(r, "generation_truncated", False)),
+                    "answer_exceeds_context": bool(_value(r, "answer_exceeds_context", False)),
                     "attention_agent": _value(r, "attention_agent", math.nan),
                     "attention_partner": _value(r, "attention_partner", math.nan),
                     "feature_row": int(_value(r, "feature_row", -1))})
