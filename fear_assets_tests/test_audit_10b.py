@@ -182,7 +182,9 @@ def test_audit_depth_band_reads_resolved_mentions_and_leaves_refusals_out(settin
                          rule["neutral_mention_high"], rule["min_depths"], rule["fallback_target"])
     assert band == [1, 2]  # fallback: only d1 in 0.2-0.8; the two closest to 0.5
     # The asset reads report_scoring's resolved outcome (the keyword rule alone would give d1 0%).
-    scores = pd.DataFrame([{"block": "pilot_primary", "depth": d, "trial_id": f"s{d}{i}", "fc_correct": i % 2 == 0}
+    scores = pd.DataFrame([{"block": "pilot_primary", "depth": d, "trial_id": f"s{d}{i}", "fc_correct": i % 2 == 0,
+                            # 4.8's exclusion flags, which every stored scores table carries
+                            "excluded_context": False, "generation_truncated": False}
                            for d in ("d1", "d2") for i in range(10)])
     out = pilot_depths(context=dg.build_asset_context(partition_key="smollm2-135m"), protocol=ProtocolResource(),
                        scores=scores, report_scoring=_reports())
