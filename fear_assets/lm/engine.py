@@ -317,23 +317,33 @@ class TeacherForcedEngine:
                                tuple(request.eos_ids))
 
     @torch.inference_mode()
-    def start(self, prefix_ids: Sequence[int], requests: Sequence[Request],
-              hook: Callable[[object], ContextManager] | None = None) -> tuple[list[Response | None], dict[int, GenerationState]]:
-        """One prefill of ``prefix_ids``, then every scoring request in packed forwards.
-
-        Returns the responses (``None`` at generate requests) and, per generate request, its
-        :class:`GenerationState` for :meth:`generate`. ``hook(cache)`` is a context manager
-        active during the first packed forward (attention and residual captures); the first
-        request's prompt opens that forward's row, at its own positions."""
-        cache, logits, _ = self.prefill(prefix_ids, keep_logits=1)
+    def from_cache(self, cache, last_logits: "torch.Tensor | None", requests: Sequence[Request],
+                   hook: Callable[[object], ContextManager] | None = None
+                   ) -> tuple[list[Response | None], dict[int, GenerationState]]:
+        """Every request in packed forwards from the cache of its shared prefix (left
+        unchanged); ``last_logits`` are the prefix's last logits (read by requests with an
+        empty prompt). Returns the responses (``None`` at generate requests) and, per
+        generate request, its :class:`GenerationState` for :meth:`generate`. ``hook(cache)``
+        is a context manager active during the first packed forward (attention and residual
+        captures); the first request's prompt opens that forward's row, at its own positions."""
         groups: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
         for i, r in enumerate(requests):
             groups.setdefault(tuple(r.prompt), []).append(i)
+        if last_logits is None and () in groups:
+            raise ValueError("requests with an empty prompt need the prefix's last logits")
         responses: list[Response | None] = [None] * len(requests)
         states: dict[int, GenerationState] = {}
         for c, chunk in enumerate(self._plan(groups, requests)):
-            self._packed_pass(cache, logits[-1], chunk, requests, responses, states, hook if c == 0 else None)
+            self._packed_pass(cache, last_logits, chunk, requests, responses, states, hook if c == 0 else None)
         return responses, states
+
+    @torch.inference_mode()
+    def start(self, prefix_ids: Sequence[int], requests: Sequence[Request],
+              hook: Callable[[object], ContextManager] | None = None
+              ) -> tuple[list[Response | None], dict[int, GenerationState]]:
+        """One prefill of ``prefix_ids``, then :meth:`from_cache`."""
+        cache, logits, _ = self.prefill(prefix_ids, keep_logits=1)
+        return self.from_cache(cache, logits[-1], requests, hook)
 
     @torch.inference_mode()
     def execute(self, prefix_ids: Sequence[int], requests: Sequence[Request],
@@ -463,13 +473,7 @@ class TeacherForcedEngine:
     def next_token_logprobs(self, cache, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Log-probabilities of the next token after each row appended to ``cache`` (packed
         rows from the cache, which is left unchanged); [rows, vocab]."""
-        requests = [Request.next_token(r, None) for r in rows]
-        groups: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
-        for i, r in enumerate(requests):
-            groups.setdefault(tuple(r.prompt), []).append(i)
-        responses: list[Response | None] = [None] * len(requests)
-        for chunk in self._plan(groups, requests):
-            self._packed_pass(cache, None, chunk, requests, responses, {}, None)
+        responses, _ = self.from_cache(cache, None, [Request.next_token(r, None) for r in rows])
         return torch.stack([r.distribution for r in responses])
 
     @torch.inference_mode()
