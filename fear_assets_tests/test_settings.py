@@ -29,8 +29,9 @@ def test_families_and_depth_sets_follow_decisions_1(settings):
     assert settings.family("qwen2.5-7b").judge == "mistralai/Mistral-7B-Instruct-v0.3"
     embedded = settings.family("smollm2-135m")
     assert embedded.base is None and embedded.reduced_design is not None
-    # The embedded demo registers a reduced design of two depths (its time budget).
-    assert embedded.depth_keys == ("d1", "d2") and embedded.depth_tokens == (0, 128)
+    # The embedded demo registers a reduced design of three depths (its time budget; batched
+    # generation bought back the third depth).
+    assert embedded.depth_keys == ("d1", "d2", "d3") and embedded.depth_tokens == (0, 128, 512)
     assert not embedded.reduced_design.examine_reserves
     assert embedded.reduced_design.branches["pilot_content_removed"] == ("forced_choice",)
 
