@@ -362,12 +362,26 @@ def fmt_breakdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-GPU_NOTE = """## GPU (H200)
+GPU_NOTE = """## GPU (H200): `benchmarks/gpu.py`, figures pending
 
-No GPU figures: this task was not lent a device machine (the session's device status
-reported that this task was not drawn for one). The H200 measurement (random-init
-Qwen2.5-7B architecture, depths 1,024-16,384 tokens, the same three methods and the same
-side-by-side protocol) is left for a task that is lent one.
+`benchmarks/gpu.py` times, on a random-initialised Qwen2.5-7B architecture (its published
+configuration built offline, bf16, FlashAttention-2 where `flash_attn` is installed, SDPA
+otherwise), the engine's prefill (last position's logits only), its packed pass over one
+document's full branch set (report 7 continuations, recall 2, forced choice) and one step of
+batched greedy decoding (16 documents), at 1,024-16,384 tokens; it reports tokens/s and
+model FLOP utilisation against the GPU's dense bf16 peak (989 TFLOP/s for an H200), and
+projects the scoring time of a family's 14,400 primary documents (1,800 per registered
+depth, prefill + packed pass + batched decoding of the registered 48 tokens).
+
+```bash
+.venv/bin/python benchmarks/gpu.py            # on a GPU host; writes benchmarks/results/gpu.json
+.venv/bin/python benchmarks/gpu.py --smoke    # tiny config on CPU, seconds (fear_assets_tests/test_gpu_benchmark.py)
+```
+
+**H200 figures are pending**: the task that wrote it was not lent a device machine (its
+device status: not drawn), so only the CPU smoke test has run. Goals to check there: at
+least 50% MFU on prefill at 4,096 tokens and more, and a family's 14,400 primary documents
+in under an hour.
 """
 
 

@@ -1,11 +1,13 @@
-"""Requests as data, one scoring loop (protocol 4.5, Appendix B).
+"""Document requests as data, executed as engine requests (protocol 4.5, Appendix B).
 
 :func:`build_requests` turns a partition of the trial table into document requests: for
 each document its branch texts (report, recall, forced choice, or the block's own prompt),
 the continuations to score on each branch, the choices to read, whether to generate, and
 the sentence spans whose attention mass is read. Distractor-only baselines score the union
-of their dependent trials' continuations. :func:`score_requests` runs them with one
-prefill per document and returns one row per trial; it never decides what to score.
+of their dependent trials' continuations. :func:`score_requests` turns each document into
+a list of :class:`~fear_assets.lm.requests.Request` against its shared prefix (one prefill,
+packed scoring passes, answers decoded in batches across documents) and returns one row
+per trial; it never decides what to score.
 """
 
 from __future__ import annotations
