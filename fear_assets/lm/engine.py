@@ -30,6 +30,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from fear_assets.lm.requests import (GENERATE, LOGLIKELIHOOD, NEXT_TOKEN, ContinuationScore, Request,
                                      Response)
@@ -79,6 +80,30 @@ def _view(cache) -> DynamicCache:
     view = copy.copy(cache)
     view.layers = [copy.copy(layer) for layer in cache.layers]
     return view
+
+
+class _DecodeLayer(DynamicLayer):
+    """A full-attention cache layer for batched decoding: the documents' left-padded keys in
+    a buffer with room for every new token, written in place (no copy of the cache per step,
+    as ``torch.cat`` in a dynamic layer would make)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        super().__init__()
+        self._k = keys.new_zeros((*keys.shape[:2], keys.shape[2] + room, keys.shape[3]))
+        self._v = values.new_zeros((*values.shape[:2], values.shape[2] + room, values.shape[3]))
+        self._k[:, :, : keys.shape[2]] = keys
+        self._v[:, :, : values.shape[2]] = values
+        self._n = keys.shape[2]
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        m = key_states.shape[-2]
+        self._k[:, :, self._n: self._n + m] = key_states
+        self._v[:, :, self._n: self._n + m] = value_states
+        self._n += m
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        return self.keys, self.values
 
 
 @dataclass
@@ -367,7 +392,8 @@ class TeacherForcedEngine:
 
     def _greedy_batch(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
         B = len(states)
-        data = []
+        room = max(s.max_new_tokens for s in states)
+        layers = []
         for li in range(len(self.kinds)):
             width = max(s.keys[li].shape[-2] for s in states)
             k0 = states[0].keys[li]
@@ -377,8 +403,9 @@ class TeacherForcedEngine:
                 n = s.keys[li].shape[-2]
                 k[b, :, width - n:] = s.keys[li][0]
                 v[b, :, width - n:] = s.values[li][0]
-            data.append((k, v))
-        cache = DynamicCache(ddp_cache_data=data)
+            layers.append(_DecodeLayer(k, v, room))
+            del k, v
+        cache = Cache(layers=layers)
         key_pos, valid = {}, {}
         for kind in self._first_of:
             width = max(len(s.positions[kind]) for s in states)
