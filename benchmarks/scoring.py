@@ -441,11 +441,15 @@ def render_markdown(all_results: dict) -> str:
                     "one packed pass (`run_engine_full`); (b): the same 11 (context, continuation) strings through "
                     "`HFLM.loglikelihood` in one call. Same documents, timed right after the report-only runs:", "",
                     fmt_full(res["depths"]), ""]
+        if res.get("clock") == "cpu":
+            out += ["Clock `cpu`: every method's seconds are the process's CPU seconds (one thread), so "
+                    "tok/s and the a/b, a/c ratios compare work; the GFLOP/s and % peak columns set CPU "
+                    "seconds against a matmul peak timed by wall clock on the loaded machine and are not "
+                    "meaningful in this run.", ""]
         out += [
                 f"Last line: `{res['last_line']}`", "",
-                f"Last line: `{res['last_line']}`", "",
                 "Where (a)'s time goes (first document of each depth, measured once after the timed "
-                "runs): its prefill, its batched continuation pass, and one full forward with full "
+                "runs, wall clock): its prefill, its packed continuation pass, and one full forward with full "
                 "log-softmax of context + continuation (the unit of work (b) and (c) repeat per "
                 "continuation). lm-eval's one-token logits cache also merges identical requests, so it "
                 "runs one forward per *distinct* continuation; ceiling = distinct × full forward / "
