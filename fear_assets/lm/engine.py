@@ -201,17 +201,22 @@ class TeacherForcedEngine:
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     # -- packed scoring -----------------------------------------------------------------
-    def _plan(self, groups: "OrderedDict[tuple[int, ...], list[int]]", requests: Sequence[Request]):
-        """Chunks of (prompt, request indices) whose packed rows fit ``pack_tokens``; a prompt
-        whose continuations do not fit in one chunk is repeated in the next."""
+    def _plan(self, groups: "OrderedDict[tuple[int, ...], list[int]]", requests: Sequence[Request],
+              n_ctx: int | None = None):
+        """Chunks of (prompt, request indices) whose packed rows fit the packing bound; a prompt
+        whose continuations do not fit in one chunk is repeated in the next. The bound is
+        ``pack_tokens``, lowered to max(256, prefix length) after a short prefix: the packed
+        row's attention is computed over the whole row (masked), so a row much longer than
+        the prefix spends most of its attention on masked blocks."""
+        budget = self.pack_tokens if n_ctx is None else min(self.pack_tokens, max(256, n_ctx))
         chunks, current, size = [], [], 0
         for prompt, idx in groups.items():
             part, part_size = [], len(prompt)
             for i in idx:
                 r = requests[i]
                 cost = max(0, len(r.continuation) - 1) if r.kind == LOGLIKELIHOOD else 0
-                if part and part_size + cost > self.pack_tokens:
-                    if current and size + part_size > self.pack_tokens:
+                if part and part_size + cost > budget:
+                    if current and size + part_size > budget:
                         chunks.append(current)
                         current, size = [], 0
                     current.append((prompt, part))
@@ -219,7 +224,7 @@ class TeacherForcedEngine:
                     part, part_size = [], len(prompt)
                 part.append(i)
                 part_size += cost
-            if current and size + part_size > self.pack_tokens:
+            if current and size + part_size > budget:
                 chunks.append(current)
                 current, size = [], 0
             current.append((prompt, part))
@@ -358,7 +363,7 @@ class TeacherForcedEngine:
             raise ValueError("requests with an empty prompt need the prefix's last logits")
         responses: list[Response | None] = [None] * len(requests)
         states: dict[int, GenerationState] = {}
-        for c, chunk in enumerate(self._plan(groups, requests)):
+        for c, chunk in enumerate(self._plan(groups, requests, cache.get_seq_length())):
             self._packed_pass(cache, last_logits, chunk, requests, responses, states, hook if c == 0 else None)
         return responses, states
 
