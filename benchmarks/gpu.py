@@ -3,9 +3,9 @@ Qwen2.5-7B architecture, tokens/s and model FLOP utilisation, and a family's pro
 scoring time.
 
 No weights are downloaded: the Qwen2.5-7B architecture is built from its published
-configuration (below) and initialised at random, in bfloat16, with FlashAttention-2 when
-``flash_attn`` is installed and PyTorch SDPA otherwise. Timings do not depend on the
-weights' values.
+configuration (below) and initialised at random, in bfloat16, with PyTorch SDPA (its flash
+kernel on the causal prefill; FlashAttention-2 proper does not take the engine's 4D packed
+masks). Timings do not depend on the weights' values.
 
 Run (from the repository root, on a GPU host):
 
@@ -88,12 +88,9 @@ def tiny_config() -> Qwen2Config:
 
 
 def attention_implementation(device: torch.device) -> str:
-    if device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
+    """SDPA: the engine's packed passes and batched decoding pass 4D masks, which the
+    FlashAttention-2 integration does not take; PyTorch's SDPA runs its flash kernel on the
+    unmasked causal prefill and its memory-efficient kernel on the masked passes."""
     return "sdpa"
 
 

@@ -365,8 +365,8 @@ def fmt_breakdown(rows: list[dict]) -> str:
 GPU_NOTE = """## GPU (H200): `benchmarks/gpu.py`, figures pending
 
 `benchmarks/gpu.py` times, on a random-initialised Qwen2.5-7B architecture (its published
-configuration built offline, bf16, FlashAttention-2 where `flash_attn` is installed, SDPA
-otherwise), the engine's prefill (last position's logits only), its packed pass over one
+configuration built offline, bf16, PyTorch SDPA: its flash kernel on the causal prefill;
+FlashAttention-2 proper does not take the engine's 4D packed masks), the engine's prefill (last position's logits only), its packed pass over one
 document's full branch set (report 7 continuations, recall 2, forced choice) and one step of
 batched greedy decoding (16 documents), at 1,024-16,384 tokens; it reports tokens/s and
 model FLOP utilisation against the GPU's dense bf16 peak (989 TFLOP/s for an H200), and

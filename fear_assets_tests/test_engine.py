@@ -205,3 +205,10 @@ def test_requests_reject_bad_input():
         Request.generate([1], 0)
     with pytest.raises(ValueError, match="kind"):
         Request("sample")
+
+
+def test_an_attention_kernel_without_4d_masks_is_refused():
+    model = _tiny("llama-gqa")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="sdpa"):
+        TeacherForcedEngine(model)

@@ -149,6 +149,12 @@ class TeacherForcedEngine:
     is how many documents decode together."""
 
     def __init__(self, model, pack_tokens: int = 1024, generation_batch: int = 16):
+        attn = getattr(model.config, "_attn_implementation", None) or ""
+        if attn.startswith("flash") or attn == "flex_attention":
+            # Packed continuations and batched decoding pass 4D masks, which these kernels
+            # do not take as given.
+            raise ValueError(f"attention implementation {attn!r} does not take the engine's 4D masks; load the "
+                             f"model with attn_implementation='sdpa' (or 'eager') in the settings' models section")
         self.model = model.eval()
         self.device = _device(model)
         self.pack_tokens = int(pack_tokens)
