@@ -20,6 +20,7 @@ all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assig
               pilot.pilot_controls, pilot.registration_record, probes.probes, analysis.h4_posterior,
               analysis.posteriors, analysis.section8_reading, analysis.cross_family_statement]
 all_assets += [simulation.power_pilot_estimates, simulation.power_simulation, simulation.power_summary]
+all_assets += [lm.name_candidates]  # 4.2 amendment proposals
 all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names, lm.matches_registration_record,
               probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged,
               pilot.matching_gate, pilot.zero_preference_gate, pilot.binding_gate, pilot.scorer_agreement,

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair, naive_scores
+from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair, naive_greedy, naive_scores
+from fear_assets.lm.requests import Request
 from fear_assets.lm.readouts import AttentionCapture, later_layers
 
 TOL = 1e-4  # nats per token (the acceptance bound)
@@ -23,6 +24,9 @@ TINY = {
     "qwen2-sliding": Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                                  num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
                                  sliding_window=16, max_window_layers=2),
+    # SmolLM2's layout (Llama, 3 KV heads for 9 query heads, tied embeddings), scaled down
+    "smollm2": LlamaConfig(vocab_size=300, hidden_size=72, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
 }
 
 
@@ -127,3 +131,84 @@ def test_next_token_logprobs_of_batched_rows_equal_a_full_forward(name):
             logits = model(input_ids=torch.tensor([prefix + row])).logits[0, -1].float()
         want = torch.log_softmax(logits, dim=-1)
         assert torch.max(torch.abs(got[i] - want)) < TOL
+
+
+@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("pack_tokens", [1024, 12])
+def test_packed_requests_of_several_branches_equal_naive(name, pack_tokens):
+    """Every branch's prompt and continuations in one packed row after the cached prefix
+    (and, with a small packing bound, split over several forwards that repeat the prompt):
+    each equals a naive full forward; the prefix cache is left as it was."""
+    model = _tiny(name)
+    engine = TeacherForcedEngine(model, pack_tokens=pack_tokens)
+    prefix = _random_ids(70, 31)  # longer than the sliding window
+    prompts = [_random_ids(9, 32), _random_ids(4, 33), ()]
+    conts = [_random_ids(n, 40 + n) for n in (1, 6, 13, 3)]
+    requests = []
+    for p in prompts:
+        requests += [Request.loglikelihood(p, c) for c in conts] + [Request.next_token(p, [3, 5, 7])]
+    responses = engine.execute(prefix, requests)
+    for k, p in enumerate(prompts):
+        got = [r.score for r in responses[k * 5: k * 5 + 4]]
+        want = naive_scores(model, prefix + list(p), conts)
+        assert _max_diff(got, want) < TOL
+        assert [g.greedy for g in got] == [w.greedy for w in want]
+        with torch.inference_mode():
+            full = torch.log_softmax(model(input_ids=torch.tensor([prefix + list(p)])).logits[0, -1].float(), -1)
+        assert responses[k * 5 + 4].logprobs == pytest.approx([float(full[t]) for t in (3, 5, 7)], abs=TOL)
+    if pack_tokens == 12:  # the split really happened: more than one packed forward
+        assert len(engine._plan({tuple(p): list(range(k * 5, k * 5 + 5)) for k, p in enumerate(prompts)},
+                                requests)) > 1
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_packing_leaves_the_prefix_cache_unchanged(name):
+    model = _tiny(name)
+    engine = TeacherForcedEngine(model)
+    cache, _, _ = engine.prefill(_random_ids(40, 50))
+    before = [(layer.keys.clone(), layer.keys.data_ptr()) for layer in cache.layers]
+    engine.next_token_logprobs(cache, [_random_ids(5, 51), _random_ids(8, 52)])
+    for (keys, ptr), layer in zip(before, cache.layers):
+        assert layer.keys.data_ptr() == ptr and torch.equal(layer.keys, keys)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_batched_generation_is_token_identical_to_one_document_at_a_time(name):
+    """Greedy answers of documents of different lengths (below and above the sliding
+    window), decoded together with left padding, equal one-at-a-time greedy decoding with a
+    full forward per token; end tokens stop each row on its own."""
+    model = _tiny(name)
+    engine = TeacherForcedEngine(model, generation_batch=3)
+    docs = [(_random_ids(n, 60 + n), _random_ids(m, 70 + m)) for n, m in ((12, 3), (45, 6), (70, 2), (23, 9), (8, 1))]
+    want = [naive_greedy(model, list(prefix) + list(prompt), 10) for prefix, prompt in docs]
+    states = []
+    for k, (prefix, prompt) in enumerate(docs):
+        # Odd documents: the answer's prompt is not the first in the packed row (its cache is cut out).
+        first = _random_ids(5, 80 + k) if k % 2 else prompt
+        _, st = engine.start(prefix, [Request.loglikelihood(first, [1, 2, 3]), Request.generate(prompt, 10)])
+        states.append(st[1])
+    got = engine.generate(states)
+    assert got == want and all(truncated for _, truncated in got)
+    # An end token (each document's own third token) stops that row early, not truncated.
+    eos_states = []
+    for (prefix, prompt), (ids, _) in zip(docs, want):
+        _, st = engine.start(prefix, [Request.generate(prompt, 10, eos_ids=[ids[2]])])
+        eos_states.append(st[0])
+    for (ids, truncated), (want_ids, _) in zip(engine.generate(eos_states), want):
+        assert not truncated and ids == want_ids[: want_ids.index(want_ids[2])]
+
+
+def test_requests_reject_bad_input():
+    with pytest.raises(ValueError, match="continuation"):
+        Request.loglikelihood([1], [])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        Request.generate([1], 0)
+    with pytest.raises(ValueError, match="kind"):
+        Request("sample")
+
+
+def test_an_attention_kernel_without_4d_masks_is_refused():
+    model = _tiny("llama-gqa")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="sdpa"):
+        TeacherForcedEngine(model)

@@ -161,3 +161,44 @@ def test_features_are_the_residual_stream_at_the_first_token_of_the_open_questio
     want = torch.stack([final["h"][0, position] if i == last else hidden[i + 1][0, position]
                         for i in layers]).mean(0).numpy()
     assert np.allclose(features[int(readouts.feature_row.iloc[0])], want, atol=1e-4)
+
+
+def test_answers_decoded_in_batches_equal_answers_decoded_one_at_a_time(tiny_model, smol_tokenizer, pilot, bank):
+    rows, builder = pilot
+    rows = rows[rows.block == "pilot_primary"].head(5)
+    requests = build_requests(rows, bank.templates, builder.document_text)
+    config = ScoringSettings(context_window=4096, max_new_tokens=6, layers_fraction_from=1 / 3)
+    one = score_requests(TeacherForcedEngine(tiny_model, generation_batch=1), smol_tokenizer, requests, config)[1]
+    many = score_requests(TeacherForcedEngine(tiny_model, generation_batch=4), smol_tokenizer, requests, config)[1]
+    assert list(one.columns) == list(many.columns)
+    assert one.generated_text.tolist() == many.generated_text.tolist()
+    assert one.generated_text.str.len().gt(0).all()
+
+
+def test_document_free_requests_equal_a_full_forward(tiny_model, smol_tokenizer, settings, bank):
+    """The pilot's choice questions and sentence surprisal are request lists against the
+    system prompt; each equals a full forward of prefix + body."""
+    from fear_assets.lm.choices import answer_token_ids, choice_logprobs
+    from fear_assets.lm.surprisal import sentence_surprisal, system_context
+
+    builder = DocumentBuilder(settings, bank, EMBEDDED, NAMES, {"tested": smol_tokenizer})
+    engine = TeacherForcedEngine(tiny_model)
+    prefix = system_context(builder, 1)
+    bodies = ["Which is it? Answer A or B.<|im_end|>\n<|im_start|>assistant\n", "Pick one: A, B.<|im_end|>\n"]
+    got = choice_logprobs(engine, smol_tokenizer, prefix, bodies, ["A", "B"])
+    answers = answer_token_ids(smol_tokenizer, ["A", "B"])
+    for body, lps in zip(bodies, got):
+        ids = smol_tokenizer.encode(prefix + body, add_special_tokens=False)
+        with torch.inference_mode():
+            full = torch.log_softmax(tiny_model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+        assert lps == pytest.approx([float(full[a]) for a in answers], abs=1e-4)
+    table = sentence_surprisal(engine, smol_tokenizer, builder, [bank.frames[0]])
+    ctx = smol_tokenizer.encode(prefix, add_special_tokens=False)
+    for r in table.head(4).itertuples():
+        cont = smol_tokenizer.encode(prefix + r.sentence, add_special_tokens=False)[len(ctx):]
+        (want,) = naive_scores(tiny_model, ctx, [cont])
+        k = r.n_name_tokens
+        assert r.n_tokens == want.n_tokens
+        assert r.rest_nll == pytest.approx(-sum(want.token_logprobs[k:]) / (want.n_tokens - k), abs=1e-4)
+        if k:
+            assert r.name_nll == pytest.approx(-sum(want.token_logprobs[:k]) / k, abs=1e-4)

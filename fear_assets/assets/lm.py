@@ -71,6 +71,34 @@ def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"}, deps=["frame_bank"])
+def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+    """Names for a registration amendment (protocol 4.2; DECISIONS 8): every candidate of the
+    list shipped with the bank (data/bank/name_candidates.yaml), measured as the name gate
+    measures the registered names (token count in every tokenizer of the configuration, in
+    every form names occur in), and the first five passing everywhere, in the list's fixed
+    alphabetical order, proposed. It never changes the registered names: applying a proposal
+    is an explicit settings edit recorded as an amendment in the registration record."""
+    from fear_assets.lm.name_candidates import load_candidates, proposal_message, propose_names, single_token_counts
+    from fear_assets.lm.name_gate import configuration_tokenizers
+
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    candidates = load_candidates(Path(protocol.bank_dir), settings.names, bank.canonical_text())
+    k = settings.selected_name_count
+    proposal = propose_names(candidates, configuration_tokenizers(settings, family_key, Path(protocol.cache_dir)), k)
+    table = proposal.table.assign(family=family_key, tokens=proposal.table["tokens"].map(" ".join))
+    return dg.Output(table, metadata={
+        "proposed (not applied)": ", ".join(proposal.proposed) or "none",
+        "complete proposal": proposal.complete,
+        "candidates passing everywhere": f"{len(proposal.passing)} of {len(candidates)}: {', '.join(proposal.passing)}",
+        "verdict": proposal_message(family_key, proposal, len(candidates), k),
+        "single-token candidates per tokenizer and form": dg.MetadataValue.md(
+            single_token_counts(proposal.table).to_markdown()),
+    })
+
+
+@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "python"})
 def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
     """The model manifest of one configuration (protocol 4.1, Appendix B): per role (tested,

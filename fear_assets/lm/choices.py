@@ -1,10 +1,10 @@
 """Choice questions without a document (protocol 4.2 binding check, 4.3 zero preference,
 4.5 blinded scorer): the log-probability of each answer token right after a question.
 
-Questions that share a chat prefix (the system prompt of one rotation) are scored from one
-prefill: each question's body plus one answer token is a continuation of that prefix, and
-the answer token's log-probability is the continuation's last token. One batched pass
-scores every (question, answer) pair, so hundreds of questions cost a few forwards.
+Questions that share a chat prefix (the system prompt of one rotation) are one request
+list against that prefix: each question's body is a ``next_token`` request reading the
+answer tokens. The engine prefills the prefix once and packs the bodies into a few
+forwards, so hundreds of questions cost a few passes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.lm.requests import Request
 
 
 def answer_token_ids(tokenizer, answers: Sequence[str]) -> list[int]:
@@ -33,20 +34,14 @@ def choice_logprobs(engine: TeacherForcedEngine, tokenizer, prefix: str, bodies:
 
     ``body`` is everything after the shared ``prefix`` up to where the reply starts (the
     question and the chat template's assistant header). The prefix is prefilled once; the
-    bodies run in batches from copies of its cache, reading only each body's last position."""
-    import copy
-
+    bodies are packed rows from its cache (``batch_size`` is kept for the callers'
+    signature: the engine's packing bound decides the passes)."""
     prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
     answer_ids = answer_token_ids(tokenizer, answers)
-    rows = []
+    requests = []
     for body in bodies:
         ids = tokenizer.encode(prefix + body, add_special_tokens=False)
         if ids[: len(prefix_ids)] != prefix_ids or len(ids) == len(prefix_ids):
             raise ValueError("the question merged with the shared chat prefix; check the chat template")
-        rows.append(ids[len(prefix_ids):])
-    cache, _, _ = engine.prefill(prefix_ids)
-    out: list[list[float]] = []
-    for i in range(0, len(rows), batch_size):
-        lp = engine.next_token_logprobs(copy.deepcopy(cache), rows[i: i + batch_size])
-        out += lp[:, answer_ids].tolist()
-    return out
+        requests.append(Request.next_token(ids[len(prefix_ids):], answer_ids))
+    return [list(r.logprobs) for r in engine.execute(prefix_ids, requests)]

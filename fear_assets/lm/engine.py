@@ -1,70 +1,44 @@
-"""Teacher-forced scoring with one prefill per document (protocol 4.5).
+"""Teacher-forced scoring and greedy generation with one prefill per prefix (protocol 4.5).
 
 Importable with torch and transformers alone (no Dagster), so the same engine runs on a
 CPU here and on a GPU host.
 
-For every document the shared prefix is run ONCE; each branch (report, recall, forced
-choice, ...) then extends a copy of that KV cache with its prompt, and all continuations
-of the branch are scored from the branch's cache in ONE batched forward with explicit
-positions. lm-evaluation-harness instead re-encodes the whole context for every
-continuation (``_loglikelihood_tokens``); the scores are the same (tested to 1e-4
-nats/token against a naive full forward per continuation), the work is not.
+The engine executes lists of :class:`~fear_assets.lm.requests.Request` against a shared
+prefix. The prefix is run ONCE. Every prompt (branch) and every continuation of the list
+is then packed into ONE row after the cached prefix: each segment gets its own positions
+(a continuation's positions follow its prompt's) and a block-diagonal 4D mask lets it see
+the prefix, its own prompt and itself, causally. The prefix cache is neither copied per
+continuation nor repeated per row; sliding-window layers get the window through the same
+mask (computed from positions), so GQA, sliding windows and Gemma-2's alternating layers
+with soft-capping are handled alike. lm-evaluation-harness instead re-encodes the whole
+context for every continuation (``_loglikelihood_tokens``); the scores are the same (tested
+to 1e-4 nats/token against a naive full forward per continuation), the work is not.
 
-Padding is on the right and every continuation row sees the full cached prefix through a
-2D attention mask, so the model's own mask builder handles sliding-window layers and
-grouped-query attention exactly as in generation.
+Greedy generation is batched across prefixes (documents): each document's cache after its
+prompt is left-padded into one batch and decoded one token per step for all rows, with
+explicit positions and masks, so the weights are read once per step for the whole batch.
+Its tokens are tested identical to one-document-at-a-time greedy decoding.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Sequence
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
+from fear_assets.lm.requests import (GENERATE, LOGLIKELIHOOD, NEXT_TOKEN, ContinuationScore, Request,
+                                     Response)
 
-@dataclass(frozen=True)
-class ContinuationScore:
-    """Log-probabilities of one continuation given its context."""
+__all__ = ["Branch", "BranchResult", "ContinuationScore", "GenerationState", "Request", "Response",
+           "TeacherForcedEngine", "encode_pair", "naive_scores", "naive_greedy"]
 
-    token_logprobs: tuple[float, ...]
-    greedy: bool  # every continuation token is the argmax (lm-eval's is_greedy)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_logprobs)
-
-    @property
-    def sum_logprob(self) -> float:
-        return float(sum(self.token_logprobs))
-
-    @property
-    def mean_logprob(self) -> float:
-        return self.sum_logprob / max(1, self.n_tokens)
-
-
-@dataclass
-class Branch:
-    """One branch of a document: prompt tokens appended to the shared prefix, then scored."""
-
-    name: str
-    prompt_ids: Sequence[int]
-    continuations: Sequence[Sequence[int]] = ()
-    choice_ids: Sequence[int] = ()  # token ids whose next-token probabilities are read (forced choice)
-    generate_tokens: int = 0  # greedy generation length (0: none)
-    eos_ids: Sequence[int] = ()
-
-
-@dataclass
-class BranchResult:
-    scores: list[ContinuationScore] = field(default_factory=list)
-    choice_logprobs: list[float] = field(default_factory=list)
-    generated_ids: list[int] = field(default_factory=list)
-    truncated: bool = False
-    residual: "torch.Tensor | None" = None  # mean residual stream at the requested position
-    captured: bool = False  # an attention capture ran during this branch's extension
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -90,17 +64,111 @@ def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-class TeacherForcedEngine:
-    """Scores requests on one loaded causal LM (batch of continuations per branch)."""
+def layer_kinds(config) -> list[str]:
+    """Attention kind of every decoder layer: ``layer_types`` where the config has it
+    (Qwen2, Gemma-2), else every layer sliding when a window is set (Mistral), else full."""
+    n = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    if types:
+        return [SLIDING if t == SLIDING else FULL for t in types[:n]]
+    return [SLIDING if getattr(config, "sliding_window", None) else FULL] * n
 
-    def __init__(self, model):
+
+def _view(cache) -> DynamicCache:
+    """A cache object sharing the prefix's tensors: a forward through it appends to the view
+    (new tensors), never to the prefix cache, so the prefix is reused without a copy."""
+    view = copy.copy(cache)
+    view.layers = [copy.copy(layer) for layer in cache.layers]
+    return view
+
+
+class _DecodeLayer(DynamicLayer):
+    """A full-attention cache layer for batched decoding: the documents' left-padded keys in
+    a buffer with room for every new token, written in place (no copy of the cache per step,
+    as ``torch.cat`` in a dynamic layer would make)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        super().__init__()
+        self._k = keys.new_zeros((*keys.shape[:2], keys.shape[2] + room, keys.shape[3]))
+        self._v = values.new_zeros((*values.shape[:2], values.shape[2] + room, values.shape[3]))
+        self._k[:, :, : keys.shape[2]] = keys
+        self._v[:, :, : values.shape[2]] = values
+        self._n = keys.shape[2]
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        m = key_states.shape[-2]
+        self._k[:, :, self._n: self._n + m] = key_states
+        self._v[:, :, self._n: self._n + m] = value_states
+        self._n += m
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        return self.keys, self.values
+
+
+@dataclass
+class GenerationState:
+    """A document's cache after its prompt, ready for greedy decoding (one row)."""
+
+    keys: list[torch.Tensor]  # per layer [1, kv_heads, K_layer, head_dim]
+    values: list[torch.Tensor]
+    positions: dict[str, torch.Tensor]  # per attention kind, the positions of its layers' keys [K_kind]
+    next_position: int
+    last_logits: torch.Tensor  # [vocab]
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+
+
+@dataclass
+class Branch:
+    """One branch of a document: prompt tokens appended to the shared prefix, then scored."""
+
+    name: str
+    prompt_ids: Sequence[int]
+    continuations: Sequence[Sequence[int]] = ()
+    choice_ids: Sequence[int] = ()  # token ids whose next-token probabilities are read (forced choice)
+    generate_tokens: int = 0  # greedy generation length (0: none)
+    eos_ids: Sequence[int] = ()
+
+
+@dataclass
+class BranchResult:
+    scores: list[ContinuationScore]
+    choice_logprobs: list[float]
+    generated_ids: list[int]
+    truncated: bool = False
+    residual: "torch.Tensor | None" = None  # mean residual stream at the requested position
+    captured: bool = False  # an attention capture ran during this branch's extension
+
+
+class TeacherForcedEngine:
+    """Executes requests on one loaded causal LM.
+
+    ``pack_tokens`` bounds the packed row of one forward (prompts + continuations); a list
+    that needs more runs in several forwards from the same prefix cache. ``generation_batch``
+    is how many documents decode together."""
+
+    def __init__(self, model, pack_tokens: int = 1024, generation_batch: int = 16):
+        attn = getattr(model.config, "_attn_implementation", None) or ""
+        if attn.startswith("flash") or attn == "flex_attention":
+            # Packed continuations and batched decoding pass 4D masks, which these kernels
+            # do not take as given.
+            raise ValueError(f"attention implementation {attn!r} does not take the engine's 4D masks; load the "
+                             f"model with attn_implementation='sdpa' (or 'eager') in the settings' models section")
         self.model = model.eval()
         self.device = _device(model)
+        self.pack_tokens = int(pack_tokens)
+        self.generation_batch = int(generation_batch)
+        self.kinds = layer_kinds(model.config)
+        self.window = getattr(model.config, "sliding_window", None)
+        self._first_of = {k: self.kinds.index(k) for k in dict.fromkeys(self.kinds)}
 
     # -- primitives ---------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], keep_logits: int = 1):
         """Run ``ids`` once; returns (cache, logits of the last ``keep_logits`` positions, outputs)."""
+        if not len(ids):
+            raise ValueError("the shared prefix is empty; a request list needs at least one prefix token")
         x = torch.tensor([list(ids)], device=self.device)
         out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep_logits)
         return out.cache, out.logits[0], out
@@ -115,140 +183,349 @@ class TeacherForcedEngine:
                          cache_position=positions, logits_to_keep=keep_logits)
         return out.logits[0], out
 
-    @torch.inference_mode()
-    def continuations_from_cache(self, cache, last_logits: torch.Tensor,
-                                 continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:
-        """Score continuations given the cache of their context and the context's last logits.
-
-        The first token of each continuation is read from ``last_logits``; the rest come from
-        one batched forward over ``continuation[:-1]`` rows, right-padded, positions
-        continuing the cache. The cache is consumed (expanded to the batch)."""
-        first = _log_softmax(last_logits)
-        first_arg = int(first.argmax())
+    def _stored_positions(self, cache) -> dict[str, torch.Tensor]:
+        """Positions of the keys each attention kind keeps in ``cache`` (a sliding layer keeps
+        only its last window - 1 keys)."""
         n_ctx = cache.get_seq_length()
-        rows = [list(c) for c in continuations]
-        width = max(len(r) for r in rows) - 1
-        rest = None
-        if width > 0:
-            b = len(rows)
-            inputs = torch.zeros((b, width), dtype=torch.long, device=self.device)
-            mask = torch.zeros((b, n_ctx + width), dtype=torch.long, device=self.device)
-            mask[:, :n_ctx] = 1
-            for i, r in enumerate(rows):
-                inputs[i, : len(r) - 1] = torch.tensor(r[:-1], device=self.device)
-                mask[i, n_ctx: n_ctx + len(r) - 1] = 1
-            positions = torch.arange(n_ctx, n_ctx + width, device=self.device)
-            cache.batch_repeat_interleave(b)
-            out = self.model(input_ids=inputs, attention_mask=mask, cache=cache, use_cache=True,
-                             position_ids=positions[None].expand(b, -1), cache_position=positions)
-            rest = _log_softmax(out.logits)
-        scores = []
-        for i, r in enumerate(rows):
-            lps = [float(first[r[0]])]
-            greedy = first_arg == r[0]
-            if len(r) > 1:
-                targets = torch.tensor(r[1:], device=self.device)
-                row = rest[i, : len(r) - 1]
-                lps += row.gather(-1, targets[:, None])[:, 0].tolist()
-                greedy = greedy and bool((row.argmax(-1) == targets).all())
-            scores.append(ContinuationScore(tuple(lps), greedy))
-        return scores
+        out = {}
+        for kind, i in self._first_of.items():
+            stored = cache.layers[i].keys.shape[-2]
+            out[kind] = torch.arange(n_ctx - stored, n_ctx, device=self.device)
+        return out
+
+    def _mask(self, kind: str, key_pos: torch.Tensor, q_pos: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Additive mask [B, 1, Q, K] from a boolean [B, Q, K]; the window from positions."""
+        if kind == SLIDING and self.window:
+            allowed = allowed & ((q_pos[..., :, None] - key_pos[..., None, :]) < self.window)
+        dtype = self.model.dtype
+        zero = torch.zeros((), dtype=dtype, device=self.device)
+        return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+    def _attention_mask(self, masks: dict[str, torch.Tensor]):
+        # One kind: a single 4D mask (every model takes it as is); mixed kinds: the per-kind
+        # mapping that Qwen2 and Gemma-2 accept in place of building their own.
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    # -- packed scoring -----------------------------------------------------------------
+    def _plan(self, groups: "OrderedDict[tuple[int, ...], list[int]]", requests: Sequence[Request],
+              n_ctx: int | None = None):
+        """Chunks of (prompt, request indices) whose packed rows fit the packing bound; a prompt
+        whose continuations do not fit in one chunk is repeated in the next. The bound is
+        ``pack_tokens``, lowered to max(256, prefix length) after a short prefix: the packed
+        row's attention is computed over the whole row (masked), so a row much longer than
+        the prefix spends most of its attention on masked blocks."""
+        budget = self.pack_tokens if n_ctx is None else min(self.pack_tokens, max(256, n_ctx))
+        chunks, current, size = [], [], 0
+        for prompt, idx in groups.items():
+            part, part_size = [], len(prompt)
+            for i in idx:
+                r = requests[i]
+                cost = max(0, len(r.continuation) - 1) if r.kind == LOGLIKELIHOOD else 0
+                if part and part_size + cost > budget:
+                    if current and size + part_size > budget:
+                        chunks.append(current)
+                        current, size = [], 0
+                    current.append((prompt, part))
+                    size += part_size
+                    part, part_size = [], len(prompt)
+                part.append(i)
+                part_size += cost
+            if current and size + part_size > budget:
+                chunks.append(current)
+                current, size = [], 0
+            current.append((prompt, part))
+            size += part_size
+        if current:
+            chunks.append(current)
+        return chunks
 
     @torch.inference_mode()
-    def greedy(self, cache, last_logits: torch.Tensor, max_new_tokens: int,
-               eos_ids: Sequence[int]) -> tuple[list[int], bool]:
-        """Greedy decoding from a batch-1 cache; returns (tokens, truncated by the limit)."""
-        out_ids: list[int] = []
-        logits = last_logits
-        for _ in range(max_new_tokens):
-            token = int(logits.argmax())
-            if token in set(eos_ids):
-                return out_ids, False
-            out_ids.append(token)
-            logits, _ = self.extend(cache, [token])
-            logits = logits[-1]
-        return out_ids, True
+    def _packed_pass(self, cache, prefix_last: torch.Tensor, chunk, requests: Sequence[Request],
+                     responses: list, states: dict, hook: Callable[[object], ContextManager] | None):
+        """One forward over a chunk's prompts and continuations from ``cache`` (not modified)."""
+        n_ctx = cache.get_seq_length()
+        ids: list[int] = []
+        q_pos: list[int] = []
+        seg: list[int] = []
+        parent: list[int] = []  # per segment, the prompt segment it sees (itself for a prompt)
+        prompt_at: list[tuple[int, int]] = []  # per group: (start in row, length)
+        cont_at: dict[int, tuple[int, int]] = {}  # request -> (start in row, length)
+        for g, (prompt, idx) in enumerate(chunk):
+            p_seg = len(parent)
+            parent.append(p_seg)
+            prompt_at.append((len(ids), len(prompt)))
+            ids += prompt
+            q_pos += range(n_ctx, n_ctx + len(prompt))
+            seg += [p_seg] * len(prompt)
+            for i in idx:
+                r = requests[i]
+                if r.kind != LOGLIKELIHOOD or len(r.continuation) < 2:
+                    continue
+                body = r.continuation[:-1]
+                s = len(parent)
+                parent.append(p_seg)
+                cont_at[i] = (len(ids), len(body))
+                ids += body
+                q_pos += range(n_ctx + len(prompt), n_ctx + len(prompt) + len(body))
+                seg += [s] * len(body)
+        logits_at: dict[int, torch.Tensor] = {}  # row index -> log-softmax row
+        recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        stored = self._stored_positions(cache)
+        if ids:
+            T = len(ids)
+            seg_t = torch.tensor(seg, device=self.device)
+            parent_t = torch.tensor(parent, device=self.device)
+            idx_t = torch.arange(T, device=self.device)
+            # A query sees a packed key of its own segment (causally) or of its prompt segment.
+            same = seg_t[None, :] == seg_t[:, None]
+            own_prompt = seg_t[None, :] == parent_t[seg_t][:, None]
+            packed = (same | own_prompt) & (idx_t[None, :] <= idx_t[:, None])
+            qp = torch.tensor(q_pos, device=self.device)
+            masks = {}
+            for kind, spos in stored.items():
+                allowed = torch.cat([torch.ones((T, len(spos)), dtype=torch.bool, device=self.device), packed], 1)
+                masks[kind] = self._mask(kind, torch.cat([spos, qp])[None], qp[None], allowed[None])
+            keep = sorted({start + length - 1 for start, length in prompt_at if length}
+                          | {j for start, length in cont_at.values() for j in range(start, start + length)})
+            view = _view(cache)
+            for li, layer in enumerate(view.layers):
+                original = layer.update
 
-    # -- a whole document ---------------------------------------------------------------
+                def update(*args, _original=original, _li=li, **kwargs):
+                    kv = _original(*args, **kwargs)
+                    recorded[_li] = kv
+                    return kv
+
+                layer.update = update
+            with hook(view) if hook is not None else contextlib.nullcontext():
+                out = self.model(input_ids=torch.tensor([ids], device=self.device),
+                                 attention_mask=self._attention_mask(masks), position_ids=qp[None], cache=view,
+                                 use_cache=True, logits_to_keep=torch.tensor(keep, device=self.device))
+            lp = _log_softmax(out.logits[0])
+            logits_at = {j: lp[k] for k, j in enumerate(keep)}
+        for g, (prompt, idx) in enumerate(chunk):
+            start, length = prompt_at[g]
+            last = logits_at[start + length - 1] if length else _log_softmax(prefix_last)
+            for i in idx:
+                r = requests[i]
+                if r.kind == LOGLIKELIHOOD:
+                    cont = r.continuation
+                    lps = [float(last[cont[0]])]
+                    greedy = int(last.argmax()) == cont[0]
+                    if i in cont_at:
+                        c_start, c_len = cont_at[i]
+                        rows = torch.stack([logits_at[j] for j in range(c_start, c_start + c_len)])
+                        targets = torch.tensor(cont[1:], device=self.device)
+                        lps += rows.gather(-1, targets[:, None])[:, 0].tolist()
+                        greedy = greedy and bool((rows.argmax(-1) == targets).all())
+                    responses[i] = Response(score=ContinuationScore(tuple(lps), greedy))
+                elif r.kind == NEXT_TOKEN:
+                    if r.choice_ids is None:
+                        responses[i] = Response(distribution=last.clone())
+                    else:
+                        responses[i] = Response(logprobs=tuple(float(last[t]) for t in r.choice_ids))
+                elif r.kind == GENERATE and i not in states:
+                    states[i] = self._state(cache, stored, recorded, start, length, last, r)
+
+    def _state(self, cache, stored, recorded, start: int, length: int, last: torch.Tensor,
+               request: Request) -> GenerationState:
+        """The cache of prefix + prompt, cut out of the packed forward's keys (a view when the
+        prompt opens the row, as the caller's first prompt does)."""
+        keys, values = [], []
+        for li, layer in enumerate(cache.layers):
+            n_stored = layer.keys.shape[-2]
+            if length == 0:
+                keys.append(layer.keys)
+                values.append(layer.values)
+                continue
+            k, v = recorded[li]
+            if start == 0:
+                keys.append(k[:, :, : n_stored + length])
+                values.append(v[:, :, : n_stored + length])
+            else:
+                a, b = n_stored + start, n_stored + start + length
+                keys.append(torch.cat([k[:, :, :n_stored], k[:, :, a:b]], dim=-2))
+                values.append(torch.cat([v[:, :, :n_stored], v[:, :, a:b]], dim=-2))
+        n_ctx = cache.get_seq_length()
+        prompt_pos = torch.arange(n_ctx, n_ctx + length, device=self.device)
+        positions = {kind: torch.cat([spos, prompt_pos]) for kind, spos in stored.items()}
+        return GenerationState(keys, values, positions, n_ctx + length, last, request.max_new_tokens,
+                               tuple(request.eos_ids))
+
+    @torch.inference_mode()
+    def from_cache(self, cache, last_logits: "torch.Tensor | None", requests: Sequence[Request],
+                   hook: Callable[[object], ContextManager] | None = None
+                   ) -> tuple[list[Response | None], dict[int, GenerationState]]:
+        """Every request in packed forwards from the cache of its shared prefix (left
+        unchanged); ``last_logits`` are the prefix's last logits (read by requests with an
+        empty prompt). Returns the responses (``None`` at generate requests) and, per
+        generate request, its :class:`GenerationState` for :meth:`generate`. ``hook(cache)``
+        is a context manager active during the first packed forward (attention and residual
+        captures); the first request's prompt opens that forward's row, at its own positions."""
+        groups: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
+        for i, r in enumerate(requests):
+            groups.setdefault(tuple(r.prompt), []).append(i)
+        if last_logits is None and () in groups:
+            raise ValueError("requests with an empty prompt need the prefix's last logits")
+        responses: list[Response | None] = [None] * len(requests)
+        states: dict[int, GenerationState] = {}
+        for c, chunk in enumerate(self._plan(groups, requests, cache.get_seq_length())):
+            self._packed_pass(cache, last_logits, chunk, requests, responses, states, hook if c == 0 else None)
+        return responses, states
+
+    @torch.inference_mode()
+    def start(self, prefix_ids: Sequence[int], requests: Sequence[Request],
+              hook: Callable[[object], ContextManager] | None = None
+              ) -> tuple[list[Response | None], dict[int, GenerationState]]:
+        """One prefill of ``prefix_ids``, then :meth:`from_cache`."""
+        cache, logits, _ = self.prefill(prefix_ids, keep_logits=1)
+        return self.from_cache(cache, logits[-1], requests, hook)
+
+    @torch.inference_mode()
+    def execute(self, prefix_ids: Sequence[int], requests: Sequence[Request],
+                hook: Callable[[object], ContextManager] | None = None) -> list[Response]:
+        """Execute every request against one prefix (scoring packed, generation batched)."""
+        responses, states = self.start(prefix_ids, requests, hook)
+        order = list(states)
+        for i, (ids, truncated) in zip(order, self.generate([states[i] for i in order])):
+            responses[i] = Response(generated_ids=tuple(ids), truncated=truncated)
+        return responses
+
+    # -- batched greedy generation --------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
+        """Greedy tokens for every state, ``generation_batch`` documents per decoding batch;
+        returns (tokens, truncated by max_new_tokens) per state."""
+        out: list[tuple[list[int], bool]] = []
+        for i in range(0, len(states), max(1, self.generation_batch)):
+            out += self._greedy_batch(states[i: i + max(1, self.generation_batch)])
+        return out
+
+    def _greedy_batch(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
+        B = len(states)
+        room = max(s.max_new_tokens for s in states)
+        layers = []
+        for li in range(len(self.kinds)):
+            width = max(s.keys[li].shape[-2] for s in states)
+            k0 = states[0].keys[li]
+            k = k0.new_zeros((B, k0.shape[1], width, k0.shape[3]))
+            v = states[0].values[li].new_zeros((B, k0.shape[1], width, states[0].values[li].shape[3]))
+            for b, s in enumerate(states):  # left padding: every row's last key is its newest
+                n = s.keys[li].shape[-2]
+                k[b, :, width - n:] = s.keys[li][0]
+                v[b, :, width - n:] = s.values[li][0]
+            layers.append(_DecodeLayer(k, v, room))
+            del k, v
+        cache = Cache(layers=layers)
+        key_pos, valid = {}, {}
+        for kind in self._first_of:
+            width = max(len(s.positions[kind]) for s in states)
+            key_pos[kind] = torch.full((B, width), -1, dtype=torch.long, device=self.device)
+            valid[kind] = torch.zeros((B, width), dtype=torch.bool, device=self.device)
+            for b, s in enumerate(states):
+                n = len(s.positions[kind])
+                key_pos[kind][b, width - n:] = s.positions[kind]
+                valid[kind][b, width - n:] = True
+        pos = torch.tensor([s.next_position for s in states], device=self.device)
+        logits = torch.stack([s.last_logits for s in states])
+        tokens: list[list[int]] = [[] for _ in states]
+        done = [False] * B
+        truncated = [False] * B
+        while True:
+            nxt = logits.argmax(-1)
+            for b, s in enumerate(states):
+                if done[b]:
+                    continue
+                t = int(nxt[b])
+                if t in s.eos_ids:
+                    done[b] = True
+                    continue
+                tokens[b].append(t)
+                if len(tokens[b]) >= s.max_new_tokens:
+                    done[b], truncated[b] = True, True
+            if all(done):
+                break
+            masks = {}
+            for kind in key_pos:
+                key_pos[kind] = torch.cat([key_pos[kind], pos[:, None]], 1)
+                valid[kind] = torch.cat([valid[kind], torch.ones((B, 1), dtype=torch.bool, device=self.device)], 1)
+                masks[kind] = self._mask(kind, key_pos[kind], pos[:, None], valid[kind][:, None, :])
+            out = self.model(input_ids=nxt[:, None], attention_mask=self._attention_mask(masks),
+                             position_ids=pos[:, None], cache=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1].float()
+            pos = pos + 1
+        return [(t, tr) for t, tr in zip(tokens, truncated)]
+
+    # -- wrappers over requests (the callers' shapes) -----------------------------------
     @torch.inference_mode()
     def run_document(self, prefix_ids: Sequence[int], branches: Sequence[Branch],
                      capture_branch: dict | None = None,
                      residual: tuple[str, object, int] | None = None) -> dict[str, BranchResult]:
-        """One prefill of ``prefix_ids``, then every branch from a copy of its cache.
+        """One prefill of ``prefix_ids``, then every branch's readouts as requests.
 
         ``capture_branch`` maps a branch name to an object with ``active(cache)`` (e.g. an
-        attention capture) that is active while that branch's prompt is appended;
-        ``residual`` = (branch, ResidualCapture, position in that branch's prompt) reads the
-        residual stream there through forward hooks."""
+        attention capture) that is active while that branch's prompt runs; ``residual`` =
+        (branch, ResidualCapture, position in that branch's prompt) reads the residual
+        stream there. Both name the same branch, which then opens the packed row."""
         capture_branch = capture_branch or {}
-        cache, _, _ = self.prefill(prefix_ids, keep_logits=1)
-        results: dict[str, BranchResult] = {}
-        for i, branch in enumerate(branches):
-            own = cache if i == len(branches) - 1 else copy.deepcopy(cache)
-            result = BranchResult()
-            with contextlib.ExitStack() as stack:
-                if branch.name in capture_branch:
-                    stack.enter_context(capture_branch[branch.name].active(own))
-                    result.captured = True
-                if residual is not None and residual[0] == branch.name:
-                    stack.enter_context(residual[1].active(residual[2]))
-                logits, _ = self.extend(own, branch.prompt_ids)
-            if residual is not None and residual[0] == branch.name:
-                result.residual = residual[1].mean()
-            last = logits[-1]
-            if branch.choice_ids:
-                lp = _log_softmax(last)
-                result.choice_logprobs = [float(lp[t]) for t in branch.choice_ids]
-            gen_cache = copy.deepcopy(own) if branch.continuations and branch.generate_tokens else own
-            if branch.continuations:
-                result.scores = self.continuations_from_cache(own, last, branch.continuations)
-            if branch.generate_tokens:
-                result.generated_ids, result.truncated = self.greedy(gen_cache, last, branch.generate_tokens,
-                                                                     branch.eos_ids)
-            results[branch.name] = result
+        hooked = set(capture_branch) | ({residual[0]} if residual is not None else set())
+        if len(hooked) > 1:
+            raise ValueError("captures must all read one branch (it opens the packed row)")
+        order = sorted(branches, key=lambda b: b.name not in hooked)
+        requests, where = [], []
+        for b in order:
+            prompt = tuple(b.prompt_ids)
+            # A bare prompt read keeps every branch's prompt in the row (captures need it).
+            requests.append(Request.next_token(prompt, tuple(b.choice_ids)))
+            where.append((b.name, "choice"))
+            for c in b.continuations:
+                requests.append(Request.loglikelihood(prompt, c))
+                where.append((b.name, "score"))
+            if b.generate_tokens:
+                requests.append(Request.generate(prompt, b.generate_tokens, b.eos_ids))
+                where.append((b.name, "generate"))
+
+        def hook(view):
+            stack = contextlib.ExitStack()
+            for name, capture in capture_branch.items():
+                stack.enter_context(capture.active(view))
+            if residual is not None:
+                stack.enter_context(residual[1].active(residual[2]))
+            return stack
+
+        responses = self.execute(prefix_ids, requests, hook if hooked else None)
+        results = {b.name: BranchResult([], [], [], captured=b.name in capture_branch) for b in branches}
+        for (name, what), resp in zip(where, responses):
+            res = results[name]
+            if what == "choice":
+                res.choice_logprobs = list(resp.logprobs)
+            elif what == "score":
+                res.scores.append(resp.score)
+            else:
+                res.generated_ids, res.truncated = list(resp.generated_ids), resp.truncated
+        if residual is not None:
+            results[residual[0]].residual = residual[1].mean()
         return results
 
     @torch.inference_mode()
     def next_token_logprobs(self, cache, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Log-probabilities of the next token after each row appended to ``cache`` (one
-        batched forward, right-padded; the head runs only at each row's last position, which
-        is what choice questions read). The cache is consumed (expanded to the batch)."""
-        n_ctx = cache.get_seq_length()
-        b, width = len(rows), max(len(r) for r in rows)
-        inputs = torch.zeros((b, width), dtype=torch.long, device=self.device)
-        mask = torch.zeros((b, n_ctx + width), dtype=torch.long, device=self.device)
-        mask[:, :n_ctx] = 1
-        for i, r in enumerate(rows):
-            inputs[i, : len(r)] = torch.tensor(list(r), device=self.device)
-            mask[i, n_ctx: n_ctx + len(r)] = 1
-        positions = torch.arange(n_ctx, n_ctx + width, device=self.device)
-        cache.batch_repeat_interleave(b)
-        out = self.model.get_decoder()(input_ids=inputs, attention_mask=mask, cache=cache, use_cache=True,
-                                       position_ids=positions[None].expand(b, -1), cache_position=positions)
-        last = out.last_hidden_state[torch.arange(b, device=self.device),
-                                     torch.tensor([len(r) - 1 for r in rows], device=self.device)]
-        logits = self.model.get_output_embeddings()(last).float()
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap:  # Gemma-2 caps its final logits in the causal-LM head; so must we
-            logits = torch.tanh(logits / cap) * cap
-        return torch.log_softmax(logits, dim=-1)
+        """Log-probabilities of the next token after each row appended to ``cache`` (packed
+        rows from the cache, which is left unchanged); [rows, vocab]."""
+        responses, _ = self.from_cache(cache, None, [Request.next_token(r, None) for r in rows])
+        return torch.stack([r.distribution for r in responses])
 
     @torch.inference_mode()
     def score_many(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]],
                    batch_size: int = 64) -> list[ContinuationScore]:
-        """Many continuations of one context: one prefill, then batches from copies of its cache."""
-        cache, logits, _ = self.prefill(context_ids)
-        out: list[ContinuationScore] = []
-        for i in range(0, len(continuations), batch_size):
-            chunk = continuations[i: i + batch_size]
-            last_chunk = i + batch_size >= len(continuations)
-            out += self.continuations_from_cache(cache if last_chunk else copy.deepcopy(cache), logits[-1], chunk)
-        return out
+        """Many continuations of one context (one prefill; packed passes of ``pack_tokens``).
+        ``batch_size`` is kept for callers' signatures; the packing bound decides the passes."""
+        responses = self.execute(context_ids, [Request.loglikelihood((), c) for c in continuations])
+        return [r.score for r in responses]
 
     @torch.inference_mode()
     def score(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:
-        """Score continuations of one context: one prefill, one batched pass."""
-        return self.score_many(context_ids, continuations, batch_size=max(1, len(continuations)))
+        """Score continuations of one context: one prefill, one packed pass."""
+        return self.score_many(context_ids, continuations)
 
 
 @torch.inference_mode()
@@ -265,3 +542,17 @@ def naive_scores(model, context_ids: Sequence[int], continuations: Sequence[Sequ
         lps = rows.gather(-1, targets[:, None])[:, 0].tolist()
         out.append(ContinuationScore(tuple(lps), bool((rows.argmax(-1) == targets).all())))
     return out
+
+
+@torch.inference_mode()
+def naive_greedy(model, ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> tuple[list[int], bool]:
+    """Reference: greedy decoding with one full forward per token, no cache."""
+    device = _device(model)
+    ids, out = list(ids), []
+    for _ in range(max_new_tokens):
+        token = int(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, -1].argmax())
+        if token in set(eos_ids):
+            return out, False
+        out.append(token)
+        ids.append(token)
+    return out, True

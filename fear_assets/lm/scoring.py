@@ -1,15 +1,18 @@
-"""Requests as data, one scoring loop (protocol 4.5, Appendix B).
+"""Document requests as data, executed as engine requests (protocol 4.5, Appendix B).
 
 :func:`build_requests` turns a partition of the trial table into document requests: for
 each document its branch texts (report, recall, forced choice, or the block's own prompt),
 the continuations to score on each branch, the choices to read, whether to generate, and
 the sentence spans whose attention mass is read. Distractor-only baselines score the union
-of their dependent trials' continuations. :func:`score_requests` runs them with one
-prefill per document and returns one row per trial; it never decides what to score.
+of their dependent trials' continuations. :func:`score_requests` turns each document into
+a list of :class:`~fear_assets.lm.requests.Request` against its shared prefix (one prefill,
+packed scoring passes, answers decoded in batches across documents) and returns one row
+per trial; it never decides what to score.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,7 +21,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair
+from fear_assets.lm.engine import TeacherForcedEngine, encode_pair
+from fear_assets.lm.requests import Request
 from fear_assets.lm.readouts import AttentionCapture, ResidualCapture, later_layers
 
 SIDES = ("agent", "partner")
@@ -161,6 +165,26 @@ class ScoringSettings:
     layers_fraction_from: float
 
 
+def _document_requests(req: DocumentRequest, branch_ids: Mapping[str, list[int]], shared: int,
+                       cont_ids: Mapping[str, Mapping[str, list[int]]], choice_ids: Mapping[str, list[int]],
+                       max_new_tokens: int, eos_ids: Sequence[int]) -> tuple[list[Request], list[tuple[str, str, str]]]:
+    """A document's readouts as requests against its shared prefix: the report branch first
+    (it opens the packed row, where the captures read it), then the others in order. Every
+    branch gets a prompt read (its choices, or none) so that its prompt runs."""
+    requests, where = [], []
+    for b in sorted(branch_ids, key=lambda name: name != "report"):
+        prompt = branch_ids[b][shared:]
+        requests.append(Request.next_token(prompt, choice_ids.get(b, [])))
+        where.append((b, "choice", ""))
+        for label, ids in cont_ids.get(b, {}).items():
+            requests.append(Request.loglikelihood(prompt, ids))
+            where.append((b, "score", label))
+        if req.generate == b and max_new_tokens > 0:
+            requests.append(Request.generate(prompt, max_new_tokens, eos_ids))
+            where.append((b, "generate", ""))
+    return requests, where
+
+
 def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[DocumentRequest],
                    config: ScoringSettings, progress: Callable[[int, int, float], None] | None = None,
                    eos_ids: Sequence[int] = ()) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
@@ -168,6 +192,8 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
 
     The long table has one row per (request, branch, continuation label); readouts one row
     per request (choice log-probs, generated text, attention mass, exclusion, feature row).
+    Each document is one prefill and packed scoring passes; its greedy answer waits in a
+    queue and is decoded with ``engine.generation_batch`` other documents at once.
     """
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
     n_layers = engine.model.config.num_hidden_layers
@@ -175,6 +201,14 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
     capture = AttentionCapture(engine.model, layers)
     residual = ResidualCapture(engine.model, layers)
     long_rows, readouts, features = [], [], []
+    pending: list[tuple[dict, object]] = []  # (readout, generation state)
+
+    def flush():
+        for (readout, _), (ids, truncated) in zip(pending, engine.generate([s for _, s in pending])):
+            readout["generated_text"] = tokenizer.decode(ids, skip_special_tokens=True)
+            readout["generation_truncated"] = truncated
+        pending.clear()
+
     started = time.perf_counter()
     for done, req in enumerate(requests, start=1):
         # The report text is encoded once, with offsets (question and sentence spans).
@@ -214,39 +248,55 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
         if over:
             readout["exclusion_reason"] = ("not excluded; an answer cannot fit after the document in branch(es) "
                                            + ", ".join(f"{b} ({answer_room[b]} tokens left)" for b in over))
-        order = list(branch_ids)
-        branches = [Branch(name=b, prompt_ids=branch_ids[b][shared:],
-                           continuations=list(cont_ids.get(b, {}).values()),
-                           choice_ids=_choice_ids(tokenizer, req.choices.get(b, [])),
-                           generate_tokens=min(generate[b], max(answer_room[b], 0)),
-                           eos_ids=eos_ids) for b in order]
-        hooks = {"report": capture} if req.spans and question else {}
-        results = engine.run_document(branch_ids["report"][:shared], branches, capture_branch=hooks,
-                                      residual=("report", residual, question[0]) if req.features and question else None)
-        for b in order:
-            res = results[b]
-            for label, score in zip(cont_ids.get(b, {}), res.scores):
-                long_rows.append({"request": req.key, "branch": b, "label": label, "mean_logprob": score.mean_logprob,
-                                  "sum_logprob": score.sum_logprob, "n_tokens": score.n_tokens,
-                                  "greedy": score.greedy})
-            if res.choice_logprobs:
-                readout[f"{b}_choice_logprobs"] = json.dumps(res.choice_logprobs)
-            if req.generate == b:
-                readout["generated_text"] = tokenizer.decode(res.generated_ids, skip_special_tokens=True)
-                # No room at all for an answer: nothing was generated, which is a truncation too.
-                readout["generation_truncated"] = res.truncated or answer_room[b] <= 0
-        report = results["report"]
-        if report.residual is not None:
+        # The greedy answer stops where the window ends (a cut answer is flagged truncated).
+        gen_limit = min(config.max_new_tokens, max(answer_room[req.generate], 0)) if req.generate else 0
+        doc_requests, where = _document_requests(
+            req, branch_ids, shared, cont_ids, {b: _choice_ids(tokenizer, c) for b, c in req.choices.items()},
+            gen_limit, eos_ids)
+        attend = bool(req.spans and question)
+        feature = bool(req.features and question)
+
+        def hook(view, attend=attend, feature=feature, position=question[0] if question else 0):
+            stack = contextlib.ExitStack()
+            if attend:
+                stack.enter_context(capture.active(view))
+            if feature:
+                stack.enter_context(residual.active(position))
+            return stack
+
+        responses, states = engine.start(branch_ids["report"][:shared], doc_requests,
+                                         hook if (attend or feature) else None)
+        by_branch: dict[str, list[float]] = {}
+        for i, ((b, what, label), resp) in enumerate(zip(where, responses)):
+            if what == "score":
+                s = resp.score
+                long_rows.append({"request": req.key, "branch": b, "label": label, "mean_logprob": s.mean_logprob,
+                                  "sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "greedy": s.greedy})
+            elif what == "choice" and resp.logprobs:
+                by_branch[b] = list(resp.logprobs)
+            elif what == "generate":
+                pending.append((readout, states[i]))
+        for b in branch_ids:  # the column order of the per-branch loop this replaced
+            if b in by_branch:
+                readout[f"{b}_choice_logprobs"] = json.dumps(by_branch[b])
+            if req.generate == b:  # filled when the queue is decoded
+                readout["generated_text"], readout["generation_truncated"] = None, None
+                if gen_limit <= 0:  # no room at all for an answer: nothing is generated, a truncation too
+                    readout["generated_text"], readout["generation_truncated"] = "", True
+        if feature:
             # The residual stream at the first token of the open question.
             readout["feature_row"] = len(features)
-            features.append(report.residual.cpu().numpy().astype(np.float32))
-        if req.spans and question and report.captured:
+            features.append(residual.mean().cpu().numpy().astype(np.float32))
+        if attend:
             labels = list(req.spans)
             masses = capture.mass(question, [_token_span(offsets, *req.spans[l]) for l in labels], shared)
             for label, mass in zip(labels, masses):
                 readout[f"attention_{label}"] = mass
         readouts.append(readout)
+        if len(pending) >= max(1, engine.generation_batch):
+            flush()
         if progress:
             progress(done, len(requests), time.perf_counter() - started)
+    flush()
     dim = features[0].shape[0] if features else 0
     return pd.DataFrame(long_rows), pd.DataFrame(readouts), (np.stack(features) if features else np.zeros((0, dim), np.float32))

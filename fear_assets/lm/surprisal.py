@@ -13,6 +13,7 @@ import pandas as pd
 
 from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence, role_names
 from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.lm.requests import Request
 from fear_assets.settings import NO_AGENT
 from fear_assets.stimuli.bank import Item
 
@@ -85,7 +86,8 @@ def sentence_surprisal(engine: TeacherForcedEngine, tokenizer, builder: Document
             name_end = start + len(r["name"])
             n_name.append(sum(1 for a, b in offsets[len(ctx_ids):] if a < name_end and b > start) if r["name"] else 0)
             conts.append(cont)
-        scores = engine.score_many(ctx_ids, conts, batch_size=batch_size)
+        # One request list per rotation: every sentence a continuation of its system prompt.
+        scores = [r.score for r in engine.execute(ctx_ids, [Request.loglikelihood((), c) for c in conts])]
         for r, k, s in zip(group, n_name, scores):
             lps = s.token_logprobs
             rest = lps[k:]
