@@ -24,15 +24,16 @@ from fear_assets.registration.gates import registered_power_result
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 #: Code whose hash is registered: the science of the analysis, the reading and the power
-#: simulation (6.3: "a Monte Carlo simulation, whose code is registered").
-ANALYSIS_CODE = ("analysis", "reading", "simulation")
+#: simulation (6.3: "a Monte Carlo simulation, whose code is registered"), and the pilot's
+#: rules and the registration gates' verdicts, which decide what is registered.
+ANALYSIS_CODE = ("analysis", "reading", "simulation", "pilot", "registration")
 #: Fields that are frozen at registration and compared on every later run.
 FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
                  "selected_frames", "depth_band", "h5_depth")
 
 
 def analysis_code_sha256(root: Path = PACKAGE_ROOT, packages: Iterable[str] = ANALYSIS_CODE) -> str:
-    """sha256 over the analysis and reading modules' source, path by path (sorted)."""
+    """sha256 over the source of the registered packages (``ANALYSIS_CODE``), path by path (sorted)."""
     files = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
     return sha256_obj({str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in files})
 
