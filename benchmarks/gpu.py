@@ -41,7 +41,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import os
 import platform
 import statistics
 import sys

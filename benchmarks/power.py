@@ -310,7 +310,7 @@ def main() -> int:
 def markdown(variant: str = "quick") -> str:
     """A RESULTS.md section from benchmarks/results/power.json (``--markdown``)."""
     r = json.loads(RESULTS_JSON.read_text())[variant]
-    lines = [f"| arm | s/dataset (wall) | CPU s/dataset | min H2 ESS (bulk, tail) | s to ESS 400 | datasets/h at ESS 400 |",
+    lines = ["| arm | s/dataset (wall) | CPU s/dataset | min H2 ESS (bulk, tail) | s to ESS 400 | datasets/h at ESS 400 |",
              "|---|---|---|---|---|---|"]
     names = {"a": "(a) compile once + with_data + warm start", "c": "(c) nutpie with_data loop",
              "b": "(b) simuk-style pm.sample, recompiling", "b_nutpie": "(b') nutpie, recompiling"}

@@ -34,6 +34,7 @@ REGISTERED_POWER = {"demo": False, "status": "complete", "controls_to_strengthen
                     "frames_simulated": [50], "estimation_only": [], "joint_shortfall_source": None, "fits": 0,
                     "fits_missing_convergence_rule": 0, "not_simulated": {}, "targets": []}
 
+
 def _record(**over) -> dict:
     record = {"protocol": "two-facts-one-gate", "protocol_version": "v", "family": "fam", "mode": "pilot",
               "status": "draft", "stand_in": "", "reduced_design": "", "settings_sha256": "a" * 64,

@@ -3,8 +3,6 @@ on stored labels, and a small simulation end to end (primary block only, short s
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 import pytest

@@ -1,9 +1,6 @@
 """Requests as data and the one scoring loop, on real documents with a tiny random model
 (the embedded tokenizer's vocabulary) and on SmolLM2 itself."""
 
-import json
-import math
-
 import numpy as np
 import pytest
 import torch

@@ -13,7 +13,7 @@ import pandas as pd
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.trials import candidate_frames, surprisal_items
-from fear_assets.hashing import sha256_file, sha256_obj
+from fear_assets.hashing import sha256_file
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import manifest, manifest_digest, registry
 from fear_assets.lm.name_gate import run_name_gate, selected_names
@@ -21,7 +21,7 @@ from fear_assets.lm.scoring import ScoringSettings, build_requests, score_reques
 from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.lm.trial_scores import assemble
-from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, SETTINGS, family_depth_partitions,
+from fear_assets.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, family_depth_partitions,
                                     family_of_partition, family_partitions, partition_parts)
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.resources.models import LanguageModelResource

@@ -8,7 +8,7 @@ import pandas as pd
 
 from fear_assets.hashing import sha256_file
 from fear_assets.modes import GATES_BLOCK
-from fear_assets.partitions import FAMILY_EXPR, SETTINGS, all_depths_of_family, family_partitions
+from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, pilot_rules, run_probes
 from fear_assets.resources.protocol import ProtocolResource
 

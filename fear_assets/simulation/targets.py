@@ -19,7 +19,7 @@ is also reported without them (subset ``converged``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
