@@ -1,4 +1,10 @@
-"""The one entry point: a single Definitions object for the "Two Facts, One Gate" location."""
+"""The one entry point: a single Definitions object for the "Two Facts, One Gate" location.
+
+Asset groups are the protocol's stages, in its order (Appendix C): each stage's assets are
+loaded from its module or package under ``fear_assets/assets`` with the stage as group name.
+Jobs are defined by group selection, one per stage and partitioning (Dagster runs one
+partitioning per run); ``fear_assets.main`` runs them in stage order.
+"""
 
 from __future__ import annotations
 
@@ -9,30 +15,56 @@ import dagster as dg
 # Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
-from fear_assets.assets import analysis, design, lm, pilot, probes, stimuli
-from fear_assets.assets import simulation  # the power gate (6.3)
+from fear_assets.assets import analysis, collection, pilot, probes, reading, registration, stimuli
 from fear_assets.resources import ProtocolResource, store_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
-all_assets = [stimuli.frame_bank, lm.name_gate, design.trial_table, design.assignment_key, design.trial_accounting,
-              lm.model_manifest, lm.sentence_surprisal, lm.base_sentence_surprisal, lm.judge_sentence_surprisal, lm.scores, lm.pilot_control_scores, pilot.pilot_depths,
-              pilot.matched_frames, pilot.zero_preference, pilot.binding_results, pilot.report_scoring,
-              pilot.pilot_controls, pilot.registration_record, probes.probes, analysis.h4_posterior,
-              analysis.posteriors, analysis.section8_reading, analysis.cross_family_statement]
-all_assets += [simulation.power_pilot_estimates, simulation.power_simulation, simulation.power_summary]
-all_assets += [lm.name_candidates]  # 4.2 amendment proposals
-all_checks = [stimuli.bank_freeze, design.accounting_closed, lm.five_single_token_names, lm.matches_registration_record,
-              probes.controls_at_chance, probes.pilot_probe_rules, analysis.h4_converged,
-              pilot.matching_gate, pilot.zero_preference_gate, pilot.binding_gate, pilot.scorer_agreement,
-              pilot.positive_controls_pass, pilot.registration_gates, analysis.posteriors_converged]
-all_checks += [simulation.power_targets_met]
+#: The protocol's stages in order, each with the module or package holding its assets.
+STAGES = (("stimuli", stimuli), ("pilot", pilot), ("registration", registration), ("collection", collection),
+          ("probes", probes), ("analysis", analysis), ("reading", reading))
+STAGE_NAMES = tuple(name for name, _ in STAGES)
 
-#: Everything that exists so far for one family; the main job runs it per partition.
-foundation_job = dg.define_asset_job(
-    "foundation_job",
-    selection=dg.AssetSelection.assets(design.trial_table, design.assignment_key),
-    description="Trial table and assignment key of one family x depth partition.",
-)
+
+
+def _assets(module, stage: str) -> list:
+    if hasattr(module, "__path__"):  # a stage package: every module in it
+        return list(dg.load_assets_from_package_module(module, group_name=stage))
+    return list(dg.load_assets_from_modules([module], group_name=stage))
+
+
+def _checks(module) -> list:
+    if hasattr(module, "__path__"):
+        return list(dg.load_asset_checks_from_package_module(module))
+    return list(dg.load_asset_checks_from_modules([module]))
+
+
+all_assets = [a for stage, module in STAGES for a in _assets(module, stage)]
+all_checks = [c for _, module in STAGES for c in _checks(module)]
+
+
+def partitioning_of(asset) -> str:
+    pd_ = asset.partitions_def
+    if pd_ is None:
+        return "unpartitioned"
+    if isinstance(pd_, dg.MultiPartitionsDefinition):
+        return "by_" + "_".join(sorted(d.name for d in pd_.partitions_defs if d.name != "family"))
+    return "by_family"
+
+
+def stage_jobs() -> list:
+    """One job per stage and partitioning, selected by group (and partitions definition)."""
+    jobs = []
+    for stage in STAGE_NAMES:
+        by: dict[str, list] = {}
+        for a in all_assets:
+            if a.group_names_by_key.get(next(iter(a.keys))) == stage:
+                by.setdefault(partitioning_of(a), []).extend(a.keys)
+        for partitioning, keys in sorted(by.items()):
+            jobs.append(dg.define_asset_job(
+                f"{stage}_{partitioning}_job", selection=dg.AssetSelection.groups(stage) & dg.AssetSelection.assets(*keys),
+                description=f"Stage {stage} ({partitioning.replace('_', ' ')}): the protocol's {stage} assets and "
+                            "their checks."))
+    return jobs
 
 
 def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
@@ -42,5 +74,11 @@ def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
             "language_model": LanguageModelResource(**cache)}
 
 
-jobs = [foundation_job]
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=jobs, resources=resources())
+def build_definitions(duckdb_path: str | None = None, **protocol_paths: str) -> dg.Definitions:
+    """The Definitions with resources bound to a store (the main job passes its own)."""
+    return dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=stage_jobs(),
+                          resources=resources(duckdb_path, **protocol_paths))
+
+
+jobs = stage_jobs()
+defs = build_definitions()

@@ -1,173 +1,173 @@
-"""The main job on the embedded family: ``python -m fear_assets.main``.
+"""The main job on the embedded family: ``python -m fear_assets.main [duckdb path]``.
 
-Materialises every asset that exists so far for the embedded default configuration
-through the project's Dagster instance (so the runs, partitions and checks show in the UI)
-and prints where the DuckDB file is and how to open the UI.
+Runs the stage jobs (``definitions.stage_jobs``: one per stage and partitioning, selected by
+asset group) in the protocol's stage order through the project's Dagster instance, so the
+runs, partitions and checks show in the UI. The order of steps inside a stage is read from
+the asset graph (a step waits for its inputs of another partitioning), not kept here. The
+summary is printed from the assets' materialisation metadata; library warnings go to the
+run log beside the store, not to the console.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
+import dagster as dg
+
+from fear_assets.definitions import STAGE_NAMES, build_definitions, partitioning_of
+from fear_assets.partitions import power_partition_keys, registered_partition_keys
+from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.resources.store import duckdb_path as default_duckdb_path
 from fear_assets.settings import PROJECT_ROOT
-
 
 #: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
 #: everything is still in the instance's event log and the UI.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
-def _embedded_family(settings) -> str:
-    return next(k for k, f in settings.families.items() if f.role == "embedded")
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    partitioning: str
+    keys: tuple  # asset keys run together, per partition key
 
 
-def power_note(settings, family: str) -> str:
-    """The power gate's line in the summary (its figures are in the registration record)."""
-    from fear_assets.registration.record import read_power_section
-    from fear_assets.settings import DEFAULT_REGISTRATION_DIR
+#: Steps of one level run in this order (a family's registered depths after the family step).
+PARTITIONINGS = ("unpartitioned", "by_family", "by_depth", "by_batch")
+#: What the main job is for: the reading and the cross-family statement (assets no reading
+#: depends on, such as the name-amendment proposals, are materialised on request only).
+TARGETS = ("trial_accounting", "section8_reading", "cross_family_statement")
 
-    p = read_power_section(DEFAULT_REGISTRATION_DIR, family)
-    if not p:
-        return ""
-    fitted = f"{p['datasets_fitted']} dataset(s), {p['fits']} contrast fits"
-    return (f"POWER GATE (6.3) for {family}: {p['note'] or 'registered simulation'}\n  {fitted}; status: {p['status']}; "
-            f"frames {p['frames']}; estimation-only: {', '.join(p['estimation_only']) or 'none'}; "
-            f"fits missing the convergence rule: {p['fits_missing_convergence_rule']}")
+
+def plan(defs, stages) -> list[Step]:
+    """Steps in stage order; inside a stage, an asset joins the step of its inputs of the same
+    partitioning and waits one step for an input of another partitioning."""
+    graph = defs.resolve_asset_graph()
+    part = {k: partitioning_of(a) for a in defs.assets for k in a.keys}
+    needed = set(dg.AssetSelection.assets(*TARGETS).upstream().resolve(graph))
+    steps: list[Step] = []
+    for stage in stages:
+        level: dict = {}
+        for k in graph.toposorted_asset_keys:
+            if graph.get(k).group_name != stage or k not in needed:
+                continue
+            level[k] = max([level[p] + (part[p] != part[k]) for p in graph.get(k).parent_keys if p in level],
+                           default=0)
+        for lv, partitioning in sorted({(v, part[k]) for k, v in level.items()},
+                                       key=lambda x: (x[0], PARTITIONINGS.index(x[1]))):
+            steps.append(Step(stage, partitioning,
+                              tuple(k for k, v in level.items() if v == lv and part[k] == partitioning)))
+    return steps
+
+
+def _metadata(instance, key: str, partition: str | None = None) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(key)) if partition is None else next(
+        iter(instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(key),
+                                                                   asset_partitions=[partition]), limit=1).records), None)
+    materialization = (event.asset_materialization if partition is None else
+                       event.event_log_entry.asset_materialization) if event else None
+    return {k: v.value for k, v in materialization.metadata.items()} if materialization else {}
 
 
 def run(duckdb_path: str | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as steps finish
     os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
     os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
-    import dagster as dg
-
-    from fear_assets.definitions import all_assets, all_checks, resources
-    from fear_assets.partitions import SETTINGS, registered_partition_keys
-    from fear_assets.resources.store import duckdb_path as default_duckdb_path
-
     db = duckdb_path or default_duckdb_path()
+    log_path = Path(db).with_suffix(".main.log")
+    # Library warnings (PyTensor's BLAS notice, ArviZ's RuntimeWarnings on degenerate draws)
+    # go to the run log, not through the console summary.
+    logging.captureWarnings(True)
+    handler = logging.FileHandler(log_path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    py_warnings = logging.getLogger("py.warnings")
+    py_warnings.addHandler(handler)
+    py_warnings.propagate = False
+    warnings.simplefilter("default")
+    defs = build_definitions(db)
     instance = dg.DagsterInstance.get()
-    res = resources(db)
-    family = _embedded_family(SETTINGS)
-    spec = SETTINGS.family(family)
-    everything = [*all_assets, *all_checks]
+    settings = ProtocolResource().settings()
+    family = next(k for k, f in settings.families.items() if f.role == "embedded")
+    spec = settings.family(family)
+    partition_keys = {"unpartitioned": [None], "by_family": [family],
+                      "by_depth": registered_partition_keys(settings, family),
+                      "by_batch": power_partition_keys(settings, family)}
     started = time.perf_counter()
-
-    def step(label: str, selection: list[str], partition_key: str | None = None) -> dg.ExecuteInProcessResult:
-        t = time.perf_counter()
-        result = dg.materialize(everything, selection=selection, partition_key=partition_key, instance=instance,
-                                resources=res, raise_on_error=False, run_config=QUIET)
-        step_failures = [e for e in result.all_events if e.is_step_failure]
-        if step_failures:
-            # A real failure (not a failed gate, which only skips what it blocks): stop with its message.
-            raise SystemExit(f"step failed in {label}: {step_failures[0].event_specific_data.error.message}")
-        failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
-        print(f"  {label:<34} {time.perf_counter() - t:5.1f} s  run {result.run_id[:8]}"
-              + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
-        for e in failed:
-            print(f"    {e.check_name}: {e.description}")
-        return result
-
     print(f"fear_assets main job: family {family} ({spec.tested})")
     if spec.reduced_design:
-        print(f"  REDUCED DESIGN: {spec.reduced_design.reason}")
-        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; "
-              f"pilot frames {', '.join(spec.reduced_design.pilot_frames)}; "
-              f"{spec.reduced_design.confirmatory_frames_per_fear} confirmatory frame(s) per fear; "
-              f"scored blocks {', '.join(spec.reduced_design.scored_blocks)}")
-    first = step("frame_bank (+ freeze check)", ["frame_bank"])
-    if any(not e.passed for e in first.get_asset_check_evaluations()):
-        print("The freeze gate failed: nothing downstream runs. See the check's message above.")
-        return 2
-    from fear_assets.modes import GATES_BLOCK
+        rd = spec.reduced_design
+        print(f"  REDUCED DESIGN: {rd.reason}")
+        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; pilot frames "
+              f"{', '.join(rd.pilot_frames)}; {rd.confirmatory_frames_per_fear} confirmatory frame(s) per fear; "
+              f"scored blocks {', '.join(rd.scored_blocks)}")
+        print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "
+              "analysis reads the pilot's scores (descriptive) and costs no second round of scoring.")
+    print(f"  stages: {' -> '.join(STAGE_NAMES)}; library warnings: {log_path}")
+    for step in plan(defs, STAGE_NAMES):
+        job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
+        names = ", ".join(k.to_user_string() for k in step.keys)
+        for key in partition_keys[step.partitioning]:
+            t = time.perf_counter()
+            result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
+                                            raise_on_error=False, run_config=QUIET)
+            failures = [e for e in result.all_events if e.is_step_failure]
+            if failures:  # a real failure, not a failed gate (which only skips what it blocks)
+                raise SystemExit(f"step failed in {names} {key}: {failures[0].event_specific_data.error.message}")
+            failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
+            print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
+                  + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
+            for e in failed:
+                print(f"    {e.check_name}: {e.description}")
+            if any(e.check_name == "bank_freeze" for e in failed):
+                print("The freeze gate failed: nothing downstream runs. See the check's message above.")
+                return 2
+            if settings.mode == "confirmatory" and any(e.severity == dg.AssetCheckSeverity.ERROR for e in failed):
+                print(f"Confirmatory mode: a registration gate failed in {names}; nothing downstream runs.")
+                return 2
+    return summary(instance, settings, family, db, log_path, time.perf_counter() - started)
 
-    def gated(result: dg.ExecuteInProcessResult) -> bool:
-        """In confirmatory mode a failed gate stops the job (nothing downstream runs); a
-        failure with WARN severity (carried to the reading, e.g. in-context binding) does not."""
-        return GATES_BLOCK and any(not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
-                                   for e in result.get_asset_check_evaluations())
 
-    depth_keys = registered_partition_keys(SETTINGS, family)
-    from fear_assets.assets.simulation import power_partition_keys
-    plan: list[tuple[str, list[str], object]] = [
-        (f"name_gate {family}", ["name_gate"], family),
-        *[(f"trial_table, assignment_key {k}", ["trial_table", "assignment_key"], k) for k in depth_keys],
-        (f"trial_accounting {family}", ["trial_accounting"], family),
-        (f"model_manifest, sentence_surprisal {family}", ["model_manifest", "sentence_surprisal",
-                                                          "base_sentence_surprisal", "judge_sentence_surprisal"], family),
-        (f"matched_frames, zero_preference {family}", ["matched_frames", "zero_preference"], family),
-        *[(f"scores {k}", ["scores"], k) for k in depth_keys],
-        # The depth band reads the resolved mentions of report_scoring (4.5, 5), so it comes first.
-        (f"binding_results, report_scoring {family}", ["binding_results", "report_scoring"], family),
-        (f"pilot_depths {family}", ["pilot_depths"], family),
-        *[(f"pilot_control_scores {k}", ["pilot_control_scores"], k) for k in depth_keys],
-        (f"probe_outputs, probe_controls {family}", ["probe_outputs", "probe_controls"], family),
-        (f"pilot_controls {family}", ["pilot_controls"], family),
-        # 6.3 (issue 11): the power gate, as a REDUCED DEMO simulation (not the registered one).
-        (f"power_pilot_estimates {family}", ["power_pilot_estimates"], family),
-        *[(f"power_simulation {k.keys_by_dimension['batch']} (demo)", ["power_simulation"], k)
-          for k in power_partition_keys(SETTINGS, family)],
-        (f"power_summary {family} (demo)", ["power_summary"], family),
-        (f"registration_record {family}", ["registration_record"], family),
-        (f"h4_posterior {family}", ["h4_posterior"], family),
-        (f"posteriors, section8_reading {family}", ["posteriors", "section8_reading"], family),
-        ("cross_family_statement", ["cross_family_statement"], None),
-    ]
-    ok = True
-    for label, selection, key in plan:
-        result = step(label, selection, key)
-        if label.startswith("trial_accounting"):
-            ok = all(e.passed for e in result.get_asset_check_evaluations())
-        if gated(result):
-            print(f"Confirmatory mode: a registration gate failed in {label}; nothing downstream runs.")
-            return 2
+def _table(markdown: str) -> str:
+    return "\n".join("    " + line for line in str(markdown).splitlines())
 
-    import duckdb
 
-    with duckdb.connect(db, read_only=True) as con:
-        n = con.execute("select count(*) from two_facts_one_gate.trial_table where family = ?", [family]).fetchone()[0]
-        blocks = con.execute("select count(distinct block) from two_facts_one_gate.trial_table where family = ?",
-                             [family]).fetchone()[0]
-        scored = con.execute("select block, count(*) as trials, round(avg(delta), 4) as mean_delta, "
-                             "round(avg(fc_correct::int), 3) as fc_accuracy, sum(excluded_context::int) as excluded "
-                             "from two_facts_one_gate.scores where family = ? group by block order by block",
-                             [family]).df()
-        h4 = con.execute("select frame_set, round(mean, 3) as mean, round(hdi_low, 3) as hdi_low, "
-                         "round(hdi_high, 3) as hdi_high, label, flags from two_facts_one_gate.h4_posterior "
-                         "where family = ?", [family]).df()
-        gates = con.execute("select gate, passed, numbers from two_facts_one_gate.registration_record "
-                            "where family = ?", [family]).df()
-        estimands = con.execute("select contrast, kind, status, round(mean, 3) as mean, round(hdi_low, 3) as hdi_low, "
-                                "round(hdi_high, 3) as hdi_high, label, convergence_problems = '' as converged "
-                                "from two_facts_one_gate.posteriors where family = ? and kind in "
-                                "('confirmatory', 'gate', 'control')", [family]).df()
-        reading = con.execute("select * from two_facts_one_gate.section8_reading where family = ?", [family]).df()
-        record_path = con.execute("select any_value(record_path) from two_facts_one_gate.registration_record "
-                                  "where family = ?", [family]).fetchone()[0]
-    print(f"\nDone in {time.perf_counter() - started:.0f} s: {n} trials in {blocks} blocks for {family}; "
+def summary(instance, settings, family: str, db: str, log_path: Path, elapsed: float) -> int:
+    """The console summary, from the assets' materialisation metadata."""
+    accounting = _metadata(instance, "trial_accounting", family)
+    record = _metadata(instance, "registration_record", family)
+    h4 = _metadata(instance, "h4_posterior", family)
+    estimands = _metadata(instance, "posteriors", family)
+    reading = _metadata(instance, "section8_reading", family)
+    power = _metadata(instance, "power_summary", family)
+    ok = int(accounting.get("blocks off formula", 1)) == 0
+    print(f"\nDone in {elapsed:.0f} s: {accounting.get('trials')} trials ({accounting.get('pilot trials')} pilot, "
+          f"{accounting.get('confirmatory trials')} confirmatory) for {family}; "
           f"accounting {'closed' if ok else 'NOT closed'}.")
-    print("Scored (pilot, masked cells pooled):")
-    print(scored.to_string(index=False))
-    print(f"Registration gates (record: {record_path}, Markdown beside it):")
-    print(gates.to_string(index=False))
+    print(f"Registration record ({record.get('status')}): {record.get('record')}")
+    print(_table(record.get("gates", "")))
     print("H4 (carriage, probe log-odds, 99% HDI):")
-    print(h4.to_string(index=False))
-    print("Confirmatory estimands, gates and controls (99% HDI):")
-    print(estimands.to_string(index=False))
-    r = reading.iloc[0]
-    print(f"\nSECTION 8 READING for {family}: {r['code']} (decision table row {r['row']})")
-    print(f"  labels: H2 {r['h2']}, H5 {r['h5']}, gate (a) {r['gate_a']}, gate (b) {r['gate_b']}, gate (c) {r['gate_c']}")
-    print(f"  qualifiers: {r['qualifiers'] or 'none'}")
-    print(f"  flags: {r['flags'] or 'none'}")
-    power = power_note(SETTINGS, family)
+    print(_table(h4.get("H4", "")))
+    print(f"Estimands, gates and controls (99% HDI; frame set: {estimands.get('frame set')}):")
+    print(_table(estimands.get("estimands", "")))
+    print(f"\nSECTION 8 READING for {family}: {reading.get('reading')}")
+    print(f"  labels: {reading.get('labels')}")
+    print(f"  qualifiers: {reading.get('qualifiers')}")
+    print(f"  flags: {reading.get('flags')}")
     if power:
-        print(power)
-    print(f"DuckDB file: {db}")
+        print(f"POWER GATE (6.3) for {family}: status {power.get('status')}; frames {power.get('frames')}; "
+              f"demo (not registered): {power.get('demo (not registered)')}; "
+              f"estimation-only {power.get('estimation-only')}")
+    print(f"DuckDB file: {db}; library warnings: {log_path}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
-          ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")
-    print("Dagster UI (asset graph, partitions, checks, run history):")
+          ".sql('select block, count(*) from two_facts_one_gate.pilot_trial_table group by 1'))\"")
+    print("Dagster UI (asset graph by stage, partitions, checks, run history):")
     print(f"  cd {PROJECT_ROOT} && bash scripts/fear ui   # then open http://127.0.0.1:3000")
     return 0 if ok else 1
 

@@ -4,10 +4,10 @@
 of a failed gate runs. ``pilot`` (the demo's mode): gates record their failure, the outputs
 downstream carry it (``failed_gates``), and the run continues, so a family can run end to
 end while showing honestly which gates it fails. Dagster fixes a check's blocking flag when
-the definitions load, so the mode is read once, here.
+the definitions load, so it comes from the definition-time layout (``partitions.LAYOUT``).
 """
 
-from fear_assets.partitions import SETTINGS
+from fear_assets.partitions import LAYOUT
 
-MODE = SETTINGS.mode
-GATES_BLOCK = MODE == "confirmatory"
+GATES_BLOCK = LAYOUT.gates_block
+MODE = "confirmatory" if GATES_BLOCK else "pilot"

@@ -18,6 +18,9 @@ import yaml
 
 from fear_assets.errors import SettingsError
 from fear_assets.hashing import sha256_obj
+from fear_assets.settings_sections import (Binding, Convergence, Decision, DepthBandRule, Exclusion, Generation,
+                                           H5DepthRule, Matching, PositiveControls, Probe, ReportScoring, Sampler,
+                                           Section, ZeroPreference, typed_sections)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = PROJECT_ROOT / "data"
@@ -44,7 +47,29 @@ CONDITIONS = (
 READERS = ("tested", "base", "judge")
 #: The agent of a cell without an agent sentence (baselines, probe controls, secondary-class events).
 NO_AGENT = "none"
+#: The three agents of 4.2 (the model itself, the other assistant, the human manager): the
+#: one definition every stage imports.
+AGENTS = ("self", "peer", "person")
+#: The two contents of an agent sentence (4.3): a threat to the agent, or a harmless change.
+CONTENTS = ("threat", "harmless")
 MODES = ("pilot", "confirmatory")
+
+
+# ---------------------------------------------------------------------------------------
+# Depth keys (D1): the one conversion between a depth index and its partition key "d<i>"
+# ---------------------------------------------------------------------------------------
+def depth_key(index: int) -> str:
+    """Partition key of depth index ``index`` (1-based): 2 -> "d2"."""
+    if not isinstance(index, (int,)) or isinstance(index, bool) or index < 1:
+        raise ValueError(f"depth index {index!r} is not a positive integer")
+    return f"d{index}"
+
+
+def depth_index(key: str) -> int:
+    """Depth index of a partition key: "d2" -> 2."""
+    if not (isinstance(key, str) and key[:1] == "d" and key[1:].isdigit() and int(key[1:]) >= 1):
+        raise ValueError(f"{key!r} is not a depth key (d1, d2, ...)")
+    return int(key[1:])
 
 
 @dataclass(frozen=True)
@@ -78,15 +103,15 @@ class Family:
     @property
     def depth_keys(self) -> tuple[str, ...]:
         """Depth partitions are keyed by index: d1..dN (D1)."""
-        return tuple(f"d{i}" for i in range(1, len(self.depth_tokens) + 1))
+        return tuple(depth_key(i) for i in range(1, len(self.depth_tokens) + 1))
 
-    def depth_index(self, depth_key: str) -> int:
-        if depth_key not in self.depth_keys:
+    def depth_index(self, key: str) -> int:
+        if key not in self.depth_keys:
             raise KeyError(
-                f"depth {depth_key!r} is not registered for family {self.key!r} "
+                f"depth {key!r} is not registered for family {self.key!r} "
                 f"(registered: {', '.join(self.depth_keys)})"
             )
-        return int(depth_key[1:])
+        return depth_index(key)
 
     def tokens_at(self, depth_index: int) -> int:
         return self.depth_tokens[depth_index - 1]
@@ -94,6 +119,12 @@ class Family:
     @property
     def deepest_index(self) -> int:
         return len(self.depth_tokens)
+
+    def confirmatory_frames_per_fear(self, registered_total: int, fears: int) -> int:
+        """Confirmatory frames each fear keeps (4.3): the registered total split over the
+        fears, or the reduced design's number for a demonstration family."""
+        return (self.reduced_design.confirmatory_frames_per_fear if self.reduced_design
+                else registered_total // fears)
 
 
 @dataclass(frozen=True)
@@ -124,6 +155,8 @@ class ProtocolSettings:
     path: Path
     families: Mapping[str, Family]
     blocks: tuple[Block, ...]
+    #: Typed sections (``settings_sections``), validated at load; read them by attribute.
+    sections: Mapping[str, Section] = field(default_factory=dict, repr=False)
 
     # --- identity -------------------------------------------------------------------
     @cached_property
@@ -180,8 +213,67 @@ class ProtocolSettings:
         return tuple(sorted(int(k) for k in self.raw["design"]["orders"]))
 
     @property
-    def decision(self) -> Mapping[str, Any]:
-        return self.raw["decision"]
+    def decision(self) -> Decision:
+        return self.sections["decision"]
+
+    # --- typed sections (issue 12): attribute access, validated at load -----------------
+    @property
+    def matching(self) -> Matching:
+        return self.sections["matching"]
+
+    @property
+    def zero_preference(self) -> ZeroPreference:
+        return self.sections["zero_preference"]
+
+    @property
+    def binding(self) -> Binding:
+        return self.sections["binding"]
+
+    @property
+    def report_scoring(self) -> ReportScoring:
+        return self.sections["report_scoring"]
+
+    @property
+    def depth_band_rule(self) -> DepthBandRule:
+        return self.sections["depth_band"]
+
+    @property
+    def h5_depth_rule(self) -> H5DepthRule:
+        return self.sections["h5_depth"]
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.sections["sampler"]
+
+    @property
+    def convergence(self) -> Convergence:
+        return self.sections["convergence"]
+
+    @property
+    def positive_controls(self) -> PositiveControls:
+        return self.sections["positive_controls"]
+
+    @property
+    def exclusion(self) -> Exclusion:
+        return self.sections["exclusion"]
+
+    @property
+    def probe(self) -> Probe:
+        return self.sections["probe"]
+
+    @property
+    def generation(self) -> Generation:
+        return self.sections["generation"]
+
+    @property
+    def neutral_partner_option(self) -> int:
+        """4.3: the partner option that is neutral (the other is the salient one)."""
+        return int(self.raw["design"]["neutral_partner_option"])
+
+    def confirmatory_frames_per_fear(self, family_key: str) -> int:
+        """Frames each fear keeps after the pilot gates (4.3) for this family's design."""
+        return self.family(family_key).confirmatory_frames_per_fear(
+            int(self.raw["design"]["confirmatory_frames_required"]), len(self.fears))
 
     def section(self, name: str) -> Mapping[str, Any]:
         return self.raw[name]
@@ -379,7 +471,11 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
                           ("exclusion", ("cell_flag_rate",)), ("probe", ("ceiling_accuracy", "control_interval"))):
         for key in keys:
             _probability(path, raw[section], key, section)
-    return ProtocolSettings(raw=raw, path=path, families=families, blocks=blocks)
+    for key, fixed in (("agents", AGENTS), ("contents", CONTENTS)):
+        if tuple(design.get(key, ())) != fixed:
+            raise SettingsError(path, "design", key, f"{design.get(key)!r} differs from the protocol's {list(fixed)}",
+                                f"write design.{key} as {list(fixed)} (4.2, 4.3 fix them)")
+    return ProtocolSettings(raw=raw, path=path, families=families, blocks=blocks, sections=typed_sections(path, raw))
 
 
 def load_settings(path: str | Path = DEFAULT_SETTINGS_PATH) -> ProtocolSettings:

@@ -14,8 +14,11 @@ import pytest
 
 import fear_assets
 from fear_assets.analysis.gate_b import recall_rows
-from fear_assets.assets.analysis import posteriors_converged, section8_reading as section8_reading_asset
-from fear_assets.assets.pilot import binding_gate, pilot_depths, registration_gates
+from fear_assets.assets.analysis import posteriors_converged
+from fear_assets.assets.reading import section8_reading as section8_reading_asset
+from fear_assets.assets.pilot.binding import binding_gate
+from fear_assets.assets.pilot.depths import pilot_depths
+from fear_assets.assets.registration.record import registration_gates
 from fear_assets.errors import FearAssetsError, FreezeError
 from fear_assets.pilot.binding import in_context_rate
 from fear_assets.pilot.depth_rules import depth_band, neutral_mention_rates
@@ -188,7 +191,7 @@ def test_audit_depth_band_reads_resolved_mentions_and_leaves_refusals_out(settin
                             "excluded_context": False, "generation_truncated": False}
                            for d in ("d1", "d2") for i in range(10)])
     out = pilot_depths(context=dg.build_asset_context(partition_key="smollm2-135m"), protocol=ProtocolResource(),
-                       scores=scores, report_scoring=_reports())
+                       pilot_scores=scores, report_scoring=_reports())
     table = out.value.set_index("depth")
     assert table.loc["d1", "neutral_mention_rate"] == pytest.approx(0.5) and table.loc["d1", "refusals"] == 2
     # All refusals at a depth: no rate there, and a band cannot then be formed from one depth.
@@ -240,7 +243,7 @@ def test_audit_power_refused_record_does_not_freeze_the_next_run(tmp_path):
     """After a refused registration (e.g. no power result) the fix changes inputs; the freeze
     check then warns against the refused record instead of blocking the re-run. A registered
     record still blocks."""
-    from fear_assets.assets.lm import matches_registration_record
+    from fear_assets.assets.pilot.surprisal import matches_registration_record
 
     manifest = pd.DataFrame([{"family": "fam", "role": "tested", "checkpoint": "x", "file": "f", "sha256": "0" * 64,
                               "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])

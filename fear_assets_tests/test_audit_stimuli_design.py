@@ -159,7 +159,7 @@ def test_audit_selected_names_in_surprisal(gate_store, settings):
     """4.2/4.3: sentence surprisal (and so matching, its TOST and the surprisal covariates)
     is measured with the name gate's selection, the names the documents carry; it used the
     first five names in registered order."""
-    from fear_assets.design.documents import role_names
+    from fear_assets.stimuli.roles import role_names
 
     surprisal = gate_store
     agents = surprisal[surprisal["agent"].isin(["self", "peer", "person"])]
@@ -258,7 +258,8 @@ def test_audit_secondary_events_single_cell(settings, bank):
 def test_audit_secondary_event_documents(settings, bank, smol_tokenizer):
     """An event document carries the event sentence without a name; under the three
     rotations only the names (system prompt and task context) differ; reports have no agent."""
-    from fear_assets.design.documents import DocumentBuilder, role_names
+    from fear_assets.design.documents import DocumentBuilder
+    from fear_assets.stimuli.roles import role_names
 
     grid = build_grid(settings, bank, EMBEDDED, depth_indices=[1])
     builder = DocumentBuilder(settings, bank, EMBEDDED, GATE_SELECTION, {"tested": smol_tokenizer,

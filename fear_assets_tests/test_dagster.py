@@ -42,7 +42,7 @@ def test_definitions_load_and_checks_are_blocking():
 
     defs.resolve_all_job_defs()
     gates = {"five_single_token_names", "matches_registration_record", "controls_at_chance", "pilot_probe_rules",
-             "h4_converged", "matching_gate", "zero_preference_gate", "binding_gate", "scorer_agreement",
+             "h4_converged", "pilot_controls_at_chance", "matching_gate", "zero_preference_gate", "binding_gate", "scorer_agreement",
              "positive_controls_pass", "registration_gates", "posteriors_converged",
              "power_targets_met"}  # 6.3's power gate (issue 11)
     assert {c.check_key.name for c in all_checks} == {"bank_freeze", "accounting_closed", *gates}
@@ -59,20 +59,20 @@ def test_partition_materialises_once_and_rematerialises_in_place(env, settings):
     assert all(e.passed for e in first.get_asset_check_evaluations())
     _run(env, ["name_gate"], EMBEDDED)
     key = registered_partition_keys(settings, EMBEDDED)[1]  # d2
-    _run(env, ["trial_table", "assignment_key"], key)
-    n = _rows(db, "trial_table", "family = 'smollm2-135m' and depth = 'd2'")
+    _run(env, ["pilot_trial_table", "assignment_key"], key)
+    n = _rows(db, "pilot_trial_table", "family = 'smollm2-135m' and depth = 'd2'")
     assert n > 0
     with duckdb.connect(db, read_only=True) as con:
-        before = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.trial_table order by trial_id").df()
-    _run(env, ["trial_table", "assignment_key"], key)
-    assert _rows(db, "trial_table") == n  # exactly one copy
+        before = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.pilot_trial_table order by trial_id").df()
+    _run(env, ["pilot_trial_table", "assignment_key"], key)
+    assert _rows(db, "pilot_trial_table") == n  # exactly one copy
     with duckdb.connect(db, read_only=True) as con:
-        after = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.trial_table order by trial_id").df()
+        after = con.execute(f"select trial_id, document_sha256 from {SCHEMA}.pilot_trial_table order by trial_id").df()
     pd.testing.assert_frame_equal(before, after)
     # A second partition adds its own rows and leaves the first alone.
-    _run(env, ["trial_table", "assignment_key"], registered_partition_keys(settings, EMBEDDED)[0])
-    assert _rows(db, "trial_table", "depth = 'd2'") == n
-    assert _rows(db, "trial_table", "depth = 'd1'") > 0
+    _run(env, ["pilot_trial_table", "assignment_key"], registered_partition_keys(settings, EMBEDDED)[0])
+    assert _rows(db, "pilot_trial_table", "depth = 'd2'") == n
+    assert _rows(db, "pilot_trial_table", "depth = 'd1'") > 0
 
 
 def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
@@ -80,7 +80,7 @@ def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
     for key in registered_partition_keys(settings, EMBEDDED):
-        _run(env, ["trial_table", "assignment_key"], key)
+        _run(env, ["pilot_trial_table", "assignment_key"], key)
     result = _run(env, ["trial_accounting"], EMBEDDED)
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.passed, evaluation.description
@@ -91,7 +91,7 @@ def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):
     _, db, _ = env
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
-    result = _run(env, ["trial_table"], dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
+    result = _run(env, ["pilot_trial_table"], dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
     assert result.success
     assert not result.get_asset_materialization_events()
 
@@ -101,10 +101,10 @@ def test_a_failed_write_keeps_the_old_rows(env, settings):
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
     key = registered_partition_keys(settings, EMBEDDED)[0]
-    _run(env, ["trial_table"], key)
-    n = _rows(db, "trial_table")
+    _run(env, ["pilot_trial_table"], key)
+    n = _rows(db, "pilot_trial_table")
 
-    @dg.asset(name="trial_table", partitions_def=family_depth_partitions,
+    @dg.asset(name="pilot_trial_table", partitions_def=family_depth_partitions,
               metadata={"partition_expr": {"family": "family", "depth": "depth"}})
     def broken_trial_table():
         # Right partition columns, wrong schema: the insert fails after the delete ran.
@@ -113,7 +113,7 @@ def test_a_failed_write_keeps_the_old_rows(env, settings):
     result = dg.materialize([broken_trial_table], partition_key=key, resources={"io_manager": duckdb_io_manager(db)},
                             raise_on_error=False)
     assert not result.success
-    assert _rows(db, "trial_table") == n  # the transaction rolled back: nothing lost
+    assert _rows(db, "pilot_trial_table") == n  # the transaction rolled back: nothing lost
 
 
 def test_freeze_check_fails_on_a_one_character_edit_and_blocks_downstream(env, tmp_path, settings, bank_copy):
@@ -164,16 +164,16 @@ def test_a_failed_name_gate_blocks_downstream_in_confirmatory_mode_and_is_flagge
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and "registered order stand in" in check.description  # SmolLM2 splits every name
     key = registered_partition_keys(settings, EMBEDDED)[0]
-    _run(env, ["trial_table"], key)
+    _run(env, ["pilot_trial_table"], key)
     with duckdb.connect(db, read_only=True) as con:
-        flags = con.execute(f"select distinct name_gate_passed from {SCHEMA}.trial_table").fetchall()
+        flags = con.execute(f"select distinct name_gate_passed from {SCHEMA}.pilot_trial_table").fetchall()
     assert flags == [(False,)]
     confirmatory = tmp_path / "settings.yaml"
     raw = yaml.safe_load(open(settings.path))
     raw["protocol"]["mode"] = "confirmatory"
     confirmatory.write_text(yaml.safe_dump(raw))
     res = resources(db, settings_path=str(confirmatory), cache_dir=str(tmp_path / "c"))
-    blocked = _run(env, ["trial_table"], key, raise_on_error=False, res=res)
+    blocked = _run(env, ["pilot_trial_table"], key, raise_on_error=False, res=res)
     assert not blocked.success
     failure = [e for e in blocked.all_events if e.is_step_failure][0]
     assert "confirmatory mode" in str(failure.event_specific_data.error)

@@ -15,9 +15,12 @@ import pandas as pd
 import pytest
 
 from fear_assets.analysis.controls import control_verdict
-from fear_assets.assets.analysis import posteriors_converged, reading_inputs
-from fear_assets.assets.pilot import (binding_gate, matching_gate, positive_controls_pass, registration_gates,
-                                      scorer_agreement, zero_preference_gate)
+from fear_assets.assets.analysis import posteriors_converged
+from fear_assets.assets.pilot.binding import binding_gate, scorer_agreement
+from fear_assets.assets.pilot.depths import positive_controls_pass
+from fear_assets.assets.pilot.matching import matching_gate, zero_preference_gate
+from fear_assets.assets.registration.record import registration_gates
+from fear_assets.reading.inputs import reading_inputs
 from fear_assets.errors import FreezeError
 from fear_assets.pilot.binding import in_context_rate
 from fear_assets.pilot.matching import equivalence, frame_differences, frame_verdicts, select_frames
@@ -244,7 +247,9 @@ _MODE_RUN = textwrap.dedent("""
     import json, sys
     import dagster as dg
     from fear_assets.definitions import all_assets, all_checks, resources
-    from fear_assets.partitions import SETTINGS, registered_partition_keys
+    from fear_assets.partitions import registered_partition_keys
+    from fear_assets.settings import load_settings
+    SETTINGS = load_settings()
     res = resources(sys.argv[1])
     everything = [*all_assets, *all_checks]
     out = {"mode": SETTINGS.mode}
@@ -263,7 +268,7 @@ _MODE_RUN = textwrap.dedent("""
                            resources=res, raise_on_error=False)
         # The trial table (family x depth, so a run of its own) reads the gate's outcome.
         key = registered_partition_keys(SETTINGS, "smollm2-135m")[0]
-        run = dg.materialize(everything, selection=["trial_table"], partition_key=key, instance=instance,
+        run = dg.materialize(everything, selection=["pilot_trial_table"], partition_key=key, instance=instance,
                              resources=res, raise_on_error=False)
         out["trial_table_materialised"] = bool(run.get_asset_materialization_events())
         out["trial_table_failed"] = any(e.is_step_failure for e in run.all_events)
@@ -272,7 +277,7 @@ _MODE_RUN = textwrap.dedent("""
             import duckdb
             with duckdb.connect(sys.argv[1], read_only=True) as con:
                 out["flags"] = [r[0] for r in con.execute(
-                    "select distinct name_gate_passed from two_facts_one_gate.trial_table").fetchall()]
+                    "select distinct name_gate_passed from two_facts_one_gate.pilot_trial_table").fetchall()]
     print(json.dumps(out))
 """)
 

@@ -97,7 +97,7 @@ def test_pilot_rules_ceiling_and_shallowest_decoding():
 
 
 def test_probe_inputs_read_checksummed_feature_files_and_label_no_agent_documents(tmp_path):
-    from fear_assets.assets.probes import PROBE_BLOCKS, load_features, probe_inputs
+    from fear_assets.probes.inputs import PROBE_BLOCKS, load_features, probe_inputs
     from fear_assets.hashing import sha256_file
 
     meta = _meta(frames=1)

@@ -10,7 +10,7 @@ from fear_assets.settings import DEFAULT_SETTINGS_PATH, load_settings
 def test_registered_numbers_are_in_the_settings(settings):
     assert settings.decision["sesoi"] == 0.15
     assert settings.decision["meaningful"] == 0.30
-    assert settings.decision["rope"] == [-0.15, 0.15]
+    assert settings.decision.rope == (-0.15, 0.15)  # typed section: an immutable pair
     assert settings.decision["hdi_prob"] == 0.99
     assert settings.section("matching")["max_abs_difference"] == 0.10
     assert settings.section("matching")["tost_bound"] == 0.05

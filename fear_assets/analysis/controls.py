@@ -154,3 +154,26 @@ def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame,
     draws = CONTRASTS[name](mu["control"], mu["primary"])
     return ControlFit(name, draws, len(data), int(idata.posterior.sizes["chain"]),
                       convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
+
+
+def pilot_control_rows(fitter, control_table: Callable[[str], pd.DataFrame], primary: pd.DataFrame,
+                       fears: Sequence[str], band: Sequence[str], seed: Callable[[str], int], hdi_prob: float,
+                       min_mean: float, hdi_above: float, log: Callable[[str], None] = lambda _: None) -> list[dict]:
+    """4.6 / D4 in the pilot: one row per positive control (``CONTROLS``), its band-averaged
+    contrast fitted with the matched primary cells, and its verdict ("posterior mean >= 0.15
+    and 99% HDI wholly above zero"); a control whose block has no rows at the band depths
+    is not scored and does not pass. ``control_table(block)`` gives a block's model table."""
+    rows = []
+    for name, suffix in CONTROLS.items():
+        data = control_table(f"pilot_{suffix}")
+        if data.empty:
+            rows.append({"control": name, "mean": float("nan"), "hdi_low": float("nan"), "hdi_high": float("nan"),
+                         "passed": False, "reason": f"not scored: block pilot_{suffix} has no rows at the band depths"})
+            continue
+        fit = fit_control(fitter, name, data, primary, fears, band, seed(name))
+        verdict = control_verdict(name, fit.draws, hdi_prob, min_mean, hdi_above)
+        rows.append({**verdict.__dict__, "trials": fit.rows, "max_rhat": fit.diagnostics["max_rhat"],
+                     "divergences": fit.diagnostics["divergences"]})
+        log(f"control {name}: mean {verdict.mean:.3f}, HDI [{verdict.hdi_low:.3f}, "
+            f"{verdict.hdi_high:.3f}] -> {'pass' if verdict.passed else 'FAIL'}")
+    return rows

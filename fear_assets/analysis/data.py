@@ -23,9 +23,8 @@ import pandas as pd
 
 from fear_assets.analysis.exclusions import excluded
 from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, prepare
+from fear_assets.settings import AGENTS, CONTENTS
 
-AGENTS = ("self", "peer", "person")
-CONTENTS = ("threat", "harmless")
 _SENTENCE_KEYS = ["item_id", "rotation", "agent", "content", "option"]
 
 
@@ -99,3 +98,15 @@ def prepared(data: pd.DataFrame, levels: dict, covariates: Sequence[str] = COVAR
     them (that raises MissingCovariateError); a design without them (the addressee control,
     whose agents have no registered surprisal sentences) passes ``covariates=()`` explicitly."""
     return prepare(data, levels, outcome="outcome", covariates=tuple(covariates))
+
+
+#: Said wherever a reduced design's analysis reads the pilot frames instead of confirmatory ones.
+PILOT_FALLBACK_NOTE = "pilot frames only: descriptive (the reduced design scores no confirmatory block)"
+
+
+def analysed_rows(confirmatory: pd.DataFrame, pilot: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """(rows, frame set) the analysis reads: the confirmatory rows; where a reduced
+    demonstration design scored none, the pilot's rows, which make every result descriptive."""
+    if len(confirmatory):
+        return confirmatory, "confirmatory"
+    return pilot, "pilot"

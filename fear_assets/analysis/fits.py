@@ -87,3 +87,11 @@ def convergence_problems(row: Mapping, rule: Mapping) -> list[str]:
     if row["divergences"] > rule["divergences_max"]:
         out.append(f"{row['divergences']} divergences")
     return out
+
+
+def diagnostics_problems(diagnostics: Mapping, rule: Mapping) -> list[str]:
+    """The same rule applied to a whole fit's worst diagnostics (``primary_model.convergence``:
+    max R-hat, min bulk/tail ESS, divergences), e.g. H4's fit."""
+    return convergence_problems({"rhat": diagnostics["max_rhat"], "ess_bulk": diagnostics["min_ess_bulk"],
+                                 "ess_tail": diagnostics["min_ess_tail"], "divergences": diagnostics["divergences"]},
+                                rule)

@@ -33,6 +33,20 @@ def unmask(table: pd.DataFrame, key: pd.DataFrame, registered_depths: list[str],
     if reasons:
         raise FreezeError("unmasking refused, scoring is not locked: " + "; ".join(reasons) +
                           ". Materialise every depth partition of scores from the frozen inputs first.")
+    return _join_codes(table, key)
+
+
+def unmask_pilot(table: pd.DataFrame, key: pd.DataFrame) -> pd.DataFrame:
+    """Conditions of pilot-frame rows only (D6): the pilot gates (binding, controls) need
+    them by construction before registration, and no confirmatory row is ever unmasked here
+    (those wait for the scoring lock, :func:`unmask`)."""
+    if not table["block"].str.startswith("pilot_").all():
+        raise FreezeError("pilot gates unmask pilot-frame rows only; confirmatory rows wait for the scoring lock")
+    return _join_codes(table, key)
+
+
+def _join_codes(table: pd.DataFrame, key: pd.DataFrame) -> pd.DataFrame:
+    """The one join of the assignment key onto masked rows."""
     codes = key[["condition_code", "condition", "agent", "content", "cell_index"]].drop_duplicates()
     if codes["condition_code"].duplicated().any():
         raise FreezeError("the assignment key maps one code to two conditions: rebuild it from the frozen settings")

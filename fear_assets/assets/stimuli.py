@@ -1,16 +1,20 @@
-"""Stage "stimuli" (protocol 4.2-4.3, Appendix A): the frozen frame bank."""
-
+"""Stage "stimuli" (protocol 4.2-4.3, Appendix A): the frozen frame bank and the names."""
 
 import json
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 
+from fear_assets.errors import FreezeError
+from fear_assets.lm.name_candidates import load_candidates, proposal_message, propose_names, single_token_counts
+from fear_assets.lm.name_gate import configuration_tokenizers, run_name_gate, selected_names
+from fear_assets.modes import GATES_BLOCK
+from fear_assets.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.registration.freeze import compare_with_record, read_record
 from fear_assets.resources.protocol import ProtocolResource
-from fear_assets.errors import FreezeError
 
-GROUP = "stimuli"
+
 
 
 def bank_table(bank, settings) -> pd.DataFrame:
@@ -41,7 +45,7 @@ def _appendix_a(bank, settings) -> str:
     return "\n".join(lines)
 
 
-@dg.asset(group_name=GROUP, pool="duckdb", kinds={"duckdb", "python"})
+@dg.asset(pool="duckdb", kinds={"duckdb", "python"})
 def frame_bank(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
     """The stimulus bank (protocol 4.3): 80 agent frames (16 per fear: 2 pilot, 10
     confirmatory, 4 reserve), 20 generic aversive and 20 surprise-only events, each with
@@ -89,3 +93,68 @@ def bank_freeze(protocol: ProtocolResource) -> dg.AssetCheckResult:
             "changed": dg.MetadataValue.md("\n".join(f"- {c}" for c in result.changed) or "nothing"),
         },
     )
+
+
+@dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"})
+def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+    """The name gate (protocol 4.2): for every tokenizer of the configuration (tested, judge,
+    scorer), is each registered name ONE token in every form in which it occurs in the
+    documents (mid-sentence, at a line start, at a message start)? The first five names
+    passing everywhere are selected; with fewer, the first five in registered order stand in
+    and the failure is flagged on everything downstream. Uses the real registered
+    tokenizers (scripts/fetch_tokenizers.py), no weights."""
+    settings = protocol.settings()
+    result = run_name_gate(settings, context.partition_key, Path(protocol.cache_dir))
+    table = result.table.assign(family=context.partition_key, selected_names=json.dumps(result.selected),
+                                gate_passed=result.passed)
+    pivot = table.pivot_table(index="name", columns=["tokenizer", "form"], values="n_tokens", aggfunc="max")
+    pivot = pivot.reindex(settings.names)
+    return dg.Output(table, metadata={
+        "selected names": ", ".join(result.selected),
+        "passed": result.passed,
+        "verdict": result.message,
+        "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
+    })
+
+
+@dg.asset_check(asset=name_gate, blocking=GATES_BLOCK, description=(
+    "Protocol 4.2 name gate: at least five registered names are single tokens in every form "
+    "in every tokenizer of the configuration. Blocking in confirmatory mode."))
+def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
+    passed = bool(name_gate["gate_passed"].iloc[0])
+    split = name_gate[~name_gate["single_token"]]
+    table = split.groupby(["tokenizer", "form"])["name"].apply(lambda s: ", ".join(s)).reset_index()
+    return dg.AssetCheckResult(
+        passed=passed,
+        description=("five names pass: " + ", ".join(selected_names(name_gate))) if passed else
+        "fewer than five registered names are single tokens everywhere; the first five in registered order stand "
+        "in and every downstream output is flagged. Before registration: choose other names or other "
+        "judge/scorer checkpoints (a protocol amendment), then re-run the gate.",
+        metadata={"which tokenizer splits which name": dg.MetadataValue.md(table.to_markdown(index=False))},
+    )
+
+
+@dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+          kinds={"duckdb", "python"}, deps=["frame_bank"])
+def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+    """Names for a registration amendment (protocol 4.2; DECISIONS 8): every candidate of the
+    list shipped with the bank (data/bank/name_candidates.yaml), measured as the name gate
+    measures the registered names (token count in every tokenizer of the configuration, in
+    every form names occur in), and the first five passing everywhere, in the list's fixed
+    alphabetical order, proposed. It never changes the registered names: applying a proposal
+    is an explicit settings edit recorded as an amendment in the registration record."""
+    settings, bank = protocol.settings(), protocol.bank()
+    family_key = context.partition_key
+    candidates = load_candidates(Path(protocol.bank_dir), settings.names, bank.canonical_text())
+    k = settings.selected_name_count
+    proposal = propose_names(candidates, configuration_tokenizers(settings, family_key, Path(protocol.cache_dir)), k)
+    table = proposal.table.assign(family=family_key, tokens=proposal.table["tokens"].map(" ".join))
+    return dg.Output(table, metadata={
+        "proposed (not applied)": ", ".join(proposal.proposed) or "none",
+        "complete proposal": proposal.complete,
+        "candidates passing everywhere": f"{len(proposal.passing)} of {len(candidates)}: {', '.join(proposal.passing)}",
+        "verdict": proposal_message(family_key, proposal, len(candidates), k),
+        "single-token candidates per tokenizer and form": dg.MetadataValue.md(
+            single_token_counts(proposal.table).to_markdown()),
+    })

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import pandas as pd
 
 from fear_assets.design.documents import ChatTokenizer, DocumentBuilder, render_grid
 from fear_assets.design.masking import assignment_key, mask
 from fear_assets.design.trials import FrameSelection, baseline_per_order, build_grid
-from fear_assets.settings import ProtocolSettings
+from fear_assets.settings import ProtocolSettings, depth_key
 from fear_assets.stimuli.bank import Bank
 
 TRIAL_COLUMNS = [
@@ -59,12 +59,17 @@ def _unit_ids(grid: pd.DataFrame, settings: ProtocolSettings) -> tuple[pd.Series
 
 def build_trial_table(settings: ProtocolSettings, bank: Bank, family_key: str, depth_index: int,
                       tokenizers: Mapping[str, ChatTokenizer], names: Sequence[str],
-                      selection: FrameSelection | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(masked trial table, assignment key) of one family x depth partition.
+                      selection: FrameSelection | None = None,
+                      blocks: Collection[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(masked trial table, assignment key) of one family x depth partition; ``blocks``
+    restricts it to those blocks (the pilot's table, the confirmatory table). A row does not
+    depend on which other blocks are rendered with it.
 
     Byte-identical for identical inputs: rows in design order, no timestamps.
     """
     grid = build_grid(settings, bank, family_key, depth_indices=[depth_index], selection=selection)
+    if blocks is not None:
+        grid = grid[grid["block"].isin(set(blocks))].reset_index(drop=True)
     builder = DocumentBuilder(settings, bank, family_key, names, tokenizers)
     rendered = render_grid(builder, grid)
     key = assignment_key(settings, family_key)
@@ -78,5 +83,5 @@ def build_trial_table(settings: ProtocolSettings, bank: Bank, family_key: str, d
     if table["trial_id"].duplicated().any():
         dup = table.loc[table["trial_id"].duplicated(), "trial_id"].iloc[0]
         raise AssertionError(f"duplicate trial id {dup}: the design generator produced the same trial twice")
-    key = key.assign(depth=f"d{depth_index}")
+    key = key.assign(depth=depth_key(depth_index))
     return table[TRIAL_COLUMNS].reset_index(drop=True), key

@@ -11,7 +11,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence, role_names
+from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence
+from fear_assets.stimuli.roles import role_names
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.requests import Request
 from fear_assets.settings import NO_AGENT

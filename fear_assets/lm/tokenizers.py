@@ -65,3 +65,24 @@ def family_tokenizers(settings: ProtocolSettings, family: Family, cache_dir: Pat
             by_checkpoint[checkpoint] = load_tokenizer(checkpoint, cache_dir)
         out[reader] = by_checkpoint[checkpoint]
     return out
+
+
+#: Text of an assistant turn that no template rewrites; what follows it is the end of turn.
+_TURN_MARKER = "Q7xZ"
+
+
+def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
+    """Token ids that end a greedy answer (4.5): the tokenizer's end-of-sequence token and
+    the first token its own chat template writes after an assistant message (``<|im_end|>``
+    for ChatML, ``<|eot_id|>`` for Llama 3, ``<end_of_turn>`` for Gemma). Read from the
+    tokenizer's configuration, so no family's special token is written into the code; a
+    tokenizer without a chat template ends on its end-of-sequence token only."""
+    ids = {tokenizer.eos_token_id}
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "a"},
+                                              {"role": "assistant", "content": _TURN_MARKER}], tokenize=False)
+        after = text[text.rindex(_TURN_MARKER) + len(_TURN_MARKER):]
+        encoded = tokenizer.encode(after, add_special_tokens=False) if after.strip() else []
+        if encoded:
+            ids.add(encoded[0])
+    return tuple(sorted(t for t in ids if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id))

@@ -14,6 +14,7 @@ which the Section 8 reading carries as ``NO_READING_BINDING_FAILED``.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Mapping, Sequence
@@ -22,9 +23,8 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.errors import FearAssetsError
+from fear_assets.settings import AGENTS, CONTENTS
 
-AGENTS = ("self", "peer", "person")
-CONTENTS = ("threat", "harmless")
 CHECK_COLUMNS = ["item_id", "content", "rotation", "role", "name", "expected_letter"]
 VERDICT_COLUMNS = ["item_id", "n_checks", "n_correct", "passes", "failed_checks"]
 _LOGPROB = re.compile(r"^logprob_([A-Z])$")
@@ -160,3 +160,15 @@ def in_context_rate(correct: Sequence[bool], minimum: float) -> tuple[float, boo
     return rate, False, (f"{head}, below the registered {minimum:.0%} ({needed}/{n} needed): the "
                          "configuration's self contrasts (H2-H5) are uninterpretable; this is carried "
                          "to the Section 8 reading (NO_READING_BINDING_FAILED)")
+
+
+def in_context_correct(docs: pd.DataFrame, expected_letter: Mapping[str, str]) -> list[bool]:
+    """4.2 in-context checks, per unmasked binding document: the answer letter with the
+    highest log-probability is the agent's role letter; an excluded document (4.8) or a
+    three-way tie counts as wrong."""
+    correct = []
+    for r in docs.itertuples(index=False):
+        lp = json.loads(r.choice_logprobs) if r.choice_logprobs else None
+        chosen = "ABC"[max(range(3), key=lambda k: lp[k])] if lp and len(set(lp)) == 3 else ""
+        correct.append(bool(not r.excluded_context and chosen == expected_letter[r.agent]))
+    return correct

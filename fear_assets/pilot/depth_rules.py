@@ -6,12 +6,13 @@ Neither rule reads any agent-by-content contrast: both pool all six cells.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import pandas as pd
 
 from fear_assets.errors import FearAssetsError
 from fear_assets.pilot.report_scoring import CATEGORIES
+from fear_assets.settings import depth_key
 
 RATE_COLUMNS = ["depth_index", "answers", "refusals", "mentions", "neutral_mention_rate"]
 
@@ -76,3 +77,13 @@ def h5_depth(accuracy: Mapping[int, float], low: float, high: float, target: flo
         return max(qualifying), f"deepest depth with accuracy within [{low:.2f}, {high:.2f}]"
     best = min(accuracy, key=lambda d: (abs(accuracy[d] - target), -d))
     return best, f"fallback: no depth within [{low:.2f}, {high:.2f}]; closest to {target:.2f}"
+
+
+def stored_band(pilot_depths: pd.DataFrame) -> list[int]:
+    """The depth band a ``pilot_depths`` table stores (depth indices, ascending)."""
+    return [int(b) for b in str(pilot_depths["depth_band"].iloc[0]).split(",")]
+
+
+def band_keys(band: Sequence[int]) -> list[str]:
+    """Partition keys of a band of depth indices (``settings.depth_key``)."""
+    return [depth_key(b) for b in band]

@@ -19,9 +19,9 @@ from itertools import combinations
 from typing import Mapping, Sequence
 
 import pandas as pd
+from fear_assets.settings import AGENTS
 from statsmodels.stats.weightstats import DescrStatsW
 
-AGENTS = ("self", "peer", "person")
 TOST_COLUMNS = ["comparison", "n", "mean_difference", "tost_p"]
 
 

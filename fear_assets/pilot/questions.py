@@ -11,10 +11,10 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.design.documents import SENTINEL, DocumentBuilder, _forced_choice, agent_sentence, role_names
+from fear_assets.design.documents import SENTINEL, DocumentBuilder, _forced_choice, agent_sentence
+from fear_assets.settings import AGENTS
 from fear_assets.stimuli.bank import Item
-
-AGENTS = ("self", "peer", "person")
+from fear_assets.stimuli.roles import role_names
 
 
 def rotation_chat(builder: DocumentBuilder, rotation: int) -> tuple[str, str]:

@@ -13,10 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.registration.gates import registered_power_result
-
 from fear_assets.errors import FearAssetsError
 from fear_assets.reading.decision import NOT_SCORED
+from fear_assets.registration.gates import registered_power_result
 
 #: Estimands that can change the reading (6.2: H1-H5 are judged by the rule, the gates and
 #: the controls decide rows 1 and 7-12). Secondary and sensitivity rows "cannot change the
@@ -128,3 +127,48 @@ def cross_family_statement(readings: pd.DataFrame, registered: Sequence[str]) ->
         statement = ("no general statement: the families' H2 labels differ ("
                      + ", ".join(f"{k} {v}" for k, v in labels.items()) + ")")
     return CrossFamily(labels, missing, descriptive, statement)
+
+
+def h4_estimand_row(h4: Mapping[str, Any]) -> dict:
+    """H4's row among the estimands (6.1), from the ``h4_posterior`` table's row: its label
+    is not read where the fit did not converge."""
+    return {"contrast": "H4", "kind": "confirmatory", "status": "estimated", "scale": "probe log-odds",
+            "mean": h4["mean"], "hdi_low": h4["hdi_low"], "hdi_high": h4["hdi_high"], "label": h4["label"],
+            "practically_meaningful": bool(h4["practically_meaningful"]), "rhat": h4["max_rhat"],
+            "ess_bulk": h4["min_ess_bulk"], "ess_tail": h4["min_ess_tail"], "divergences": h4["divergences"],
+            "note": f"from h4_posterior: {h4['flags']}",
+            "convergence_problems": "see h4_posterior" if "NOT CONVERGED" in str(h4["flags"]) else ""}
+
+
+def estimand_flags(record: Mapping[str, Any], pilot_only: bool, stand_in: str | None,
+                   pilot_note: str) -> list[str]:
+    """What every estimand of a configuration carries: the failed registration gates, pilot
+    frames only (descriptive), stand-in scorer or judge."""
+    flags = list(record["failed_gates"])
+    if pilot_only:
+        flags.append(pilot_note)
+    if stand_in:
+        flags.append("stand-in scorer/judge")
+    return flags
+
+
+def reading_flags(reading, args: Mapping[str, Any], posteriors: pd.DataFrame) -> list[str]:
+    """Every flag the Section 8 reading carries (8; D5): the decision's own, the estimands'
+    (failed gates, pilot-only, stand-ins), binding below the registered rate, gates not
+    scored, non-converged labels (not to be read) and secondary rows not converged."""
+    not_converged, secondary_not_converged = convergence_split(posteriors)
+    flags = [*reading.flags, *(f for f in str(posteriors["failed_gates"].iloc[0]).split("; ") if f)]
+    if args["binding_failed"] and reading.row != 2:
+        flags.append(f"in-context binding {args['in_context']} below the registered rate: H2-H5 uninterpretable")
+    if reading.not_scored_gates:
+        flags.append("gate(s) not scored, cannot pass: " + ", ".join(f"({g})" for g in reading.not_scored_gates))
+    if len(not_converged):
+        flags.append("NOT CONVERGED: " + ", ".join(not_converged["contrast"]) + " (labels not to be read)")
+    if len(secondary_not_converged):
+        flags.append("secondary/sensitivity not converged (cannot change the reading): "
+                     + ", ".join(secondary_not_converged["contrast"]))
+    not_scored = posteriors[posteriors["status"].isin(["not_scored", "not_available"]) &
+                            posteriors["kind"].isin(READING_KINDS)]
+    if len(not_scored):
+        flags.append("not scored in this design: " + ", ".join(not_scored["contrast"]))
+    return flags

@@ -25,8 +25,8 @@ from fear_assets.registration.gates import registered_power_result
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 #: Code whose hash is registered: the science of the analysis, the reading and the power
 #: simulation (6.3: "a Monte Carlo simulation, whose code is registered"), and the pilot's
-#: rules and the registration gates' verdicts, which decide what is registered.
-ANALYSIS_CODE = ("analysis", "reading", "simulation", "pilot", "registration")
+#: rules, the registration gates' verdicts and the probe rules (6.1, 6.3), which decide what is registered.
+ANALYSIS_CODE = ("analysis", "reading", "simulation", "pilot", "registration", "probes")
 #: Fields that are frozen at registration and compared on every later run.
 FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
                  "selected_frames", "depth_band", "h5_depth")
@@ -181,5 +181,10 @@ def power_markdown(power: Mapping[str, Any] | None) -> list[str]:
 def registered_replacements(registration_dir: str | Path, family: str) -> dict[str, str]:
     """Frame replacements of a registered record (frame -> rewrite or reserve); a pilot's
     draft record changes the design of nothing."""
-    record = read_family_record(registration_dir, family)
+    return replacements_of(read_family_record(registration_dir, family))
+
+
+def replacements_of(record: Mapping[str, Any] | None) -> dict[str, str]:
+    """Frame replacements a record puts into the confirmatory design (4.3): those of a
+    registered record; a pilot's draft (or a refused record) changes the design of nothing."""
     return dict(record.get("replacements", {})) if record and record.get("status") == "registered" else {}

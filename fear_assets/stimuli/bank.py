@@ -23,10 +23,10 @@ import yaml
 
 from fear_assets.errors import BankError
 from fear_assets.hashing import canonical_json, sha256_obj
-from fear_assets.settings import DEFAULT_BANK_DIR, ProtocolSettings, load_settings
+from fear_assets.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, ProtocolSettings, load_settings
+from fear_assets.stimuli.roles import agent_mentions
 
 AGENT_KINDS = ("assistant", "person")
-FRAME_CONTENTS = ("threat", "harmless")
 _FORMATTER = string.Formatter()
 
 
@@ -270,7 +270,7 @@ def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rul
         value = raw_verbs[agent_kind]
         if not isinstance(value, Mapping):
             chk.fail(f"verbs.{agent_kind}", "expected {threat: ..., harmless: ...}", "give both verb phrases")
-        pair = {c: chk.text(value, c, f"verbs.{agent_kind}.") for c in FRAME_CONTENTS}
+        pair = {c: chk.text(value, c, f"verbs.{agent_kind}.") for c in CONTENTS}
         _check_verb_pair(chk, f"verbs.{agent_kind}", pair["threat"], pair["harmless"], rules)
         verbs[agent_kind] = pair
     extra = set(raw_verbs) - set(AGENT_KINDS)
@@ -400,8 +400,6 @@ def _check_templates(path: Path, templates: Any, settings: ProtocolSettings) -> 
     for key in _TEMPLATE_KEYS:
         if key not in templates:
             raise BankError(path, "templates", key, "missing", f"add the '{key}' section")
-    from fear_assets.settings import CONDITIONS  # the registered condition names
-
     for section in ("system_prompts", "task_contexts"):
         for cond in CONDITIONS:
             if cond not in templates[section]:
@@ -421,8 +419,6 @@ def _check_templates(path: Path, templates: Any, settings: ProtocolSettings) -> 
 
 def _check_mentions(path: Path, templates: Mapping[str, Any], settings: ProtocolSettings) -> None:
     """4.2: each agent is named exactly twice in system prompt + task context, every condition."""
-    from fear_assets.design.documents import agent_mentions  # one definition of "mention"
-
     for cond, counts in agent_mentions(templates, settings).items():
         for role, count in counts.items():
             if count != 2:

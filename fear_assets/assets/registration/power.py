@@ -1,4 +1,4 @@
-"""Stage "simulation" (protocol 6.3, Appendix C step 3; D7): the power gate.
+"""The power gate (protocol 6.3, Appendix C step 3; D7), in stage "registration": 6.3 gates it.
 
 Wiring only; the science is in ``fear_assets.simulation`` (registered code hash).
 - ``power_pilot_estimates`` (per family): the pilot's primary fit, whose posterior means are
@@ -13,51 +13,34 @@ Wiring only; the science is in ``fear_assets.simulation`` (registered code hash)
 
 
 import json
-import math
 import time
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 
+from fear_assets.analysis.data import model_table
+from fear_assets.analysis.fits import fit_cells
+from fear_assets.analysis.primary_model import Fitter, Priors
+from fear_assets.analysis.unmasking import unmask_pilot
+from fear_assets.hashing import derived_seed
+from fear_assets.hashing import sha256_obj
+from fear_assets.pilot.depth_rules import band_keys, stored_band
+from fear_assets.registration.record import analysis_code_sha256
+from fear_assets.registration.record import write_power_section
+from fear_assets.simulation.design import simulated_design
+from fear_assets.simulation.generator import NOT_SIMULATED
+from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
+from fear_assets.simulation.generator import pilot_estimates
+from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
+from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
+from fear_assets.simulation.store import read_batches
+from fear_assets.simulation.targets import PowerTargets, decide, label_frequencies
 from fear_assets.modes import GATES_BLOCK
-from fear_assets.partitions import FAMILY_EXPR, SETTINGS, all_depths_of_family, family_partitions
+from fear_assets.partitions import (BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions,
+                                    power_partitions)
+from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.resources.protocol import ProtocolResource
-
-GROUP = "simulation"
-BATCH = "batch"
-
-
-def batch_keys_of(settings, family_key: str) -> list[str]:
-    """The batches a family's simulation consists of: the registered one (scenarios x 50..100
-    frames x 2,000 datasets in batches) or, for the embedded family, the reduced demo."""
-    from fear_assets.simulation.store import batch_key
-    from fear_assets.simulation.targets import PowerTargets, frame_sequence
-
-    p = settings.section("power")
-    if settings.family(family_key).role == "embedded":
-        frames, datasets, scenarios = [int(p["demo"]["frames"])], int(p["demo"]["datasets"]), p["demo"]["scenarios"]
-    else:
-        frames, datasets = frame_sequence(PowerTargets.from_settings(settings)), int(p["datasets"])
-        scenarios = p["scenarios"]
-    n_batches = math.ceil(datasets / int(p["batch_size"]))
-    return [batch_key(s, f, b) for s in scenarios for f in frames for b in range(n_batches)]
-
-
-def _all_batch_keys(settings) -> list[str]:
-    return sorted({k for fam in settings.families for k in batch_keys_of(settings, fam)})
-
-
-power_partitions = dg.MultiPartitionsDefinition({
-    "family": dg.StaticPartitionsDefinition(list(SETTINGS.families)),
-    BATCH: dg.StaticPartitionsDefinition(_all_batch_keys(SETTINGS)),
-})
-family_of_batch = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="family")
-
-
-def power_partition_keys(settings, family_key: str) -> list:
-    """The multi-partition keys of a family's simulation batches."""
-    return [dg.MultiPartitionKey({"family": family_key, BATCH: k}) for k in batch_keys_of(settings, family_key)]
 
 
 def _sampler(settings, family_key: str) -> dict:
@@ -71,7 +54,6 @@ _FITTERS: dict = {}
 
 def _fitter(settings, family_key: str):
     """One Fitter per sampler set-up and process: the model compiles once per shape (D7)."""
-    from fear_assets.analysis.primary_model import Fitter, Priors
 
     s = _sampler(settings, family_key)
     key = (settings.sha256, s["draws"], s["tune"], s["chains"])
@@ -85,36 +67,29 @@ def _power_dir(protocol: ProtocolResource) -> Path:
 
 
 def _run_key(settings, family_key: str, estimates: pd.DataFrame) -> str:
-    from fear_assets.hashing import sha256_obj
-    from fear_assets.registration.record import analysis_code_sha256
 
     return sha256_obj([settings.sha256, analysis_code_sha256(), family_key,
                        json.loads(estimates["estimates_json"].iloc[0]), estimates["band"].iloc[0]])[:16]
 
 
-@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+@dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "pymc"},
-          ins={"scores": dg.AssetIn(partition_mapping=all_depths_of_family),
+          ins={"pilot_scores": dg.AssetIn(partition_mapping=all_depths_of_family),
                "assignment_key": dg.AssetIn(partition_mapping=all_depths_of_family)})
-def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores: pd.DataFrame,
+def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolResource, pilot_scores: pd.DataFrame,
                           assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame, pilot_depths: pd.DataFrame,
                           pilot_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """6.3: the pilot estimates the simulation generates from: posterior means of the registered
     primary model (the demo family: with the demo's shorter sampler) on the pilot frames (fixed effects, frame and unit variance components,
     residual scale, nu), the spread of the two surprisal covariates, and the pilot contrasts
     of the positive controls."""
-    from fear_assets.analysis.data import model_table
-    from fear_assets.analysis.fits import fit_cells
-    from fear_assets.assets.pilot import _band, _pilot_unmasked
-    from fear_assets.hashing import derived_seed
-    from fear_assets.simulation.generator import pilot_estimates
 
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    band = _band(pilot_depths)
-    rows = scores[scores["block"] == "pilot_primary"]
+    band = band_keys(stored_band(pilot_depths))
+    rows = pilot_scores[pilot_scores["block"] == "pilot_primary"]
     fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
-    table = model_table(_pilot_unmasked(rows, assignment_key), sentence_surprisal, fears_of,
+    table = model_table(unmask_pilot(rows, assignment_key), sentence_surprisal, fears_of,
                         int(settings.design["neutral_partner_option"]))
     fit = fit_cells(_fitter(settings, family_key), table, settings.fears, band,
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
@@ -135,7 +110,7 @@ POWER_OP_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {
     "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}}}}
 
 
-@dg.asset(group_name=GROUP, partitions_def=power_partitions, kinds={"pymc", "parquet"}, pool="power",
+@dg.asset(partitions_def=power_partitions, kinds={"pymc", "parquet"}, pool="power",
           op_tags=POWER_OP_TAGS,
           ins={"power_pilot_estimates": dg.AssetIn(partition_mapping=family_of_batch)})
 def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResource,
@@ -144,10 +119,6 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     fitted under exactly the registered priors (compiled once per shape and process, data
     swapped per dataset); labels, HDIs and every fit's R-hat, ESS and divergences go to one
     Parquet file. A batch whose file exists is finished and is not refitted."""
-    from fear_assets.simulation.design import simulated_design
-    from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
-    from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
-    from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
 
     settings = protocol.settings()
     keys = context.partition_key.keys_by_dimension
@@ -184,7 +155,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
         "demo": family.role == "embedded"})
 
 
-@dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
+@dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "json"}, deps=[power_simulation])
 def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                   power_pilot_estimates: pd.DataFrame) -> dg.Output[pd.DataFrame]:
@@ -193,10 +164,6 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     estimation-only and the traced source of a joint shortfall; written to the registration
     record's power section. The embedded family's figures are a reduced demo, NOT the
     registered simulation."""
-    from fear_assets.simulation.generator import NOT_SIMULATED
-    from fear_assets.simulation.store import read_batches
-    from fear_assets.simulation.targets import PowerTargets, decide, label_frequencies
-    from fear_assets.registration.record import write_power_section
 
     settings = protocol.settings()
     family_key = context.partition_key

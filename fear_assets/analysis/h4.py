@@ -1,0 +1,94 @@
+"""H4, carriage (protocol 6.1): the primary model on probe log-odds.
+
+"H4 ... the primary model on probe log-odds, both content versions of each document
+entered separately, with an option term and a document intercept; the H2 contrast on that
+scale averaged over the band depths." Pure functions of tables, under the registered code
+hash: the model table, its factor levels, one fit and the flags the reading carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import arviz as az
+import numpy as np
+import pandas as pd
+
+from fear_assets.analysis.data import covariate_centres, sentence_covariates
+from fear_assets.analysis.fits import diagnostics_problems
+from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, convergence, hypotheses,
+                                                posterior_draws, prepare, sample)
+from fear_assets.reading.decision import label
+from fear_assets.settings import AGENTS, CONTENTS, depth_key
+
+
+def h4_data(outputs: pd.DataFrame, surprisal: pd.DataFrame, fears_of: Mapping[str, str],
+            neutral_option: int) -> pd.DataFrame:
+    """Model table of H4: one row per probed document version, with the registered
+    covariates (agent sentence's name NLL; rest NLL minus the partner's), centred on their
+    bank means (D3b, as every fit of the primary model)."""
+    d = outputs.rename(columns={"fold_rotation": "rotation", "content_option": "option"}).copy()
+    d = d.merge(sentence_covariates(surprisal, neutral_option), on=["item_id", "rotation", "agent", "content", "option"],
+                how="left")
+    for cov, centre in covariate_centres(surprisal, neutral_option).items():
+        d[cov] = d[cov] - centre
+    d["depth"] = [depth_key(int(i)) for i in d["depth_index"]]
+    d["frame"] = d["item_id"]
+    d["fear"] = [fears_of[i] for i in d["item_id"]]
+    d["unit"] = d["item_id"] + "|r" + d["rotation"].astype(str) + "|o" + d["order"].astype(str) + "|" + d["depth"]
+    d["document"] = d["unit"] + "|" + d["condition_code"]
+    return d
+
+
+def h4_levels(data: pd.DataFrame, fears: Sequence[str]) -> dict[str, list]:
+    """Factor levels of the H4 model: the registered agents and contents, the rest as present."""
+    present = lambda col: sorted(data[col].unique(), key=str)
+    return {"agent": list(AGENTS), "content": list(CONTENTS), "depth": present("depth"), "order": present("order"),
+            "option": present("option"), "rotation": present("rotation"),
+            "fear": [f for f in fears if f in set(data["fear"])]}
+
+
+@dataclass(frozen=True)
+class H4Fit:
+    mean: float
+    hdi_low: float
+    hdi_high: float
+    label: str
+    practically_meaningful: bool
+    diagnostics: dict
+    idata: object
+
+
+def fit_h4(data: pd.DataFrame, fears: Sequence[str], band: Sequence[int], priors: Priors, draws: int, tune: int,
+           chains: int, seed: int, hdi_prob: float, sesoi: float) -> H4Fit:
+    """One H4 fit; a band depth without probe documents is a MissingBandDepthError (from
+    ``cell_means``), not a smaller band."""
+    d = prepare(data, h4_levels(data, fears), outcome="log_odds", document="document")
+    idata = sample(build_model(d, priors), draws, tune, chains, seed)
+    mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
+                    [depth_key(b) for b in band])
+    h4 = np.asarray(hypotheses(mu)["H2"])
+    low, high = (float(v) for v in az.hdi(h4, hdi_prob=hdi_prob))
+    decision = label(low, high, sesoi)
+    return H4Fit(float(h4.mean()), low, high, decision.label, decision.practically_meaningful, convergence(idata), idata)
+
+
+def h4_flags(diagnostics: Mapping, convergence_rule: Mapping, interpretable: bool, estimation_only: bool,
+             frame_set: str, frames: int) -> list[str]:
+    """What the reading carries with H4 (6.1): non-convergence (the label is not read), an
+    uninterpretable H4 (a control probe decodes away from chance), estimation-only (probe
+    accuracy above the ceiling) and pilot-only data (descriptive)."""
+    flags = []
+    problems = diagnostics_problems(diagnostics, convergence_rule)
+    if problems:
+        flags.append("NOT CONVERGED (" + "; ".join(problems) + "): the label is not to be read")
+    if not interpretable:
+        flags.append("H4 uninterpretable: a control probe decodes away from chance")
+    if estimation_only:
+        flags.append("H4 estimation-only: probe accuracy above the ceiling at the band depths")
+    if frame_set == "pilot":
+        flags.append(f"pilot frames only ({frames}): descriptive")
+    return flags
+
+

@@ -1,0 +1,73 @@
+"""The pilot's teacher-forced scores (protocol 4.5) and the positive-control documents
+scored at the band depths (4.6, Appendix C step 2)."""
+
+import dagster as dg
+import pandas as pd
+
+from fear_assets.assets.steps import score_table
+from fear_assets.design.table import baseline_block_for
+from fear_assets.deploy import GPU_OP_TAGS
+from fear_assets.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
+from fear_assets.pilot.depth_rules import band_keys, stored_band
+from fear_assets.resources.models import LanguageModelResource
+from fear_assets.resources.protocol import ProtocolResource
+
+
+def scored_rows(settings, family_key: str, trial_table: pd.DataFrame) -> pd.DataFrame:
+    """The rows a family's design scores now: every block but the pilot's positive controls
+    (scored at the band depths, ``pilot_control_scores``), and for a reduced design only its
+    scored blocks."""
+    family = settings.family(family_key)
+    table = trial_table[~trial_table["block"].isin(set(settings.positive_controls.pilot_blocks))]
+    if family.reduced_design is not None:
+        table = table[table["block"].isin(family.reduced_design.scored_blocks)]
+    return table
+
+
+@dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
+def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
+                 pilot_trial_table: pd.DataFrame):
+    """Teacher-forced scores of the pilot trials of one family x depth (protocol 4.5): "one
+    immutable row per trial" with the canonical reports' mean and summed log-probabilities
+    in the document and in its distractor-only baseline, Delta (and its summed, first-person
+    and recall versions), the forced-choice probabilities, the greedy answer with its
+    truncation flag, attention mass to each sentence, and the residual-feature row
+    (features in a checksummed .npy file). One prefill per document; documents over the
+    context window are excluded with a reason (4.8)."""
+    settings = protocol.settings()
+    family_key, depth = partition_parts(context)
+    if depth not in settings.family(family_key).depth_keys or pilot_trial_table.empty:
+        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
+        return
+    table = scored_rows(settings, family_key, pilot_trial_table)
+    result, metadata = score_table(context, protocol, language_model, table, family_key, depth, depth)
+    yield dg.Output(result, metadata=metadata)
+
+
+@dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
+          ins={"pilot_depths": dg.AssetIn(partition_mapping=family_of_partition)})
+def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                         language_model: LanguageModelResource, pilot_trial_table: pd.DataFrame,
+                         pilot_depths: pd.DataFrame):
+    """The pilot's positive-control documents (protocol 4.6, D4), scored after the depth band
+    is fixed and only at the band depths (Appendix C step 2: "their contrasts are averaged
+    over the band"). A depth outside the band materialises nothing."""
+    settings = protocol.settings()
+    family_key, depth = partition_parts(context)
+    band = set(band_keys(stored_band(pilot_depths)))
+    if depth not in band or pilot_trial_table.empty:
+        context.log.info(f"{depth} is not in the depth band {sorted(band)}: the pilot controls are not scored here")
+        return
+    blocks = set(settings.positive_controls.pilot_blocks)
+    # A control without its own baseline block (marked priority) is corrected by the default
+    # baseline, which is re-scored here with it: its reports are the control's continuations.
+    blocks |= {b for b in (baseline_block_for(settings, name) for name in blocks) if b}
+    table = pilot_trial_table[pilot_trial_table["block"].isin(blocks)]
+    if table.empty:
+        context.log.info(f"{depth}|{family_key}: no pilot control blocks in the trial table")
+        return
+    result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
+                                   f"{depth}_pilot_controls")
+    yield dg.Output(result, metadata=metadata)

@@ -1,0 +1,100 @@
+"""Every registration gate of the pilot as data (protocol 4.2-4.6, 6.1, 6.3; Appendix C
+step 4): "every gate's outcome with its numbers" for the registration record, and the final
+confirmatory frame selection after all pilot gates (4.3).
+
+Pure functions of the pilot assets' tables, under the registered code hash; the
+``registration_record`` asset only wires them and writes the record.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import pandas as pd
+
+from fear_assets.lm.name_gate import selected_names
+from fear_assets.pilot.matching import matching_problems, read_tost, select_frames
+from fear_assets.registration.gates import binding_outcomes, power_gate
+
+
+def final_selection(matched: pd.DataFrame, binding: pd.DataFrame, zero: pd.DataFrame, numbers: Mapping[str, int],
+                    required_per_fear: int, rewrites: Mapping[str, str]) -> tuple[list[str], dict, dict]:
+    """Confirmatory frames after every pilot gate (4.3): a frame is kept if it passes
+    matching, the single-sentence binding checks and zero preference; else replaced by its
+    registered rewrite or the lowest-numbered passing reserve. Returns (frames, replacements
+    {replaced: replacement}, shortfall by fear)."""
+    z = zero.groupby("item_id")["passes"].all()
+    b = binding.set_index("item_id")["passes"]
+    v = matched[["item_id", "fear", "frame_set", "passes"]].copy()
+    v["passes"] = v["passes"] & v["item_id"].map(b).fillna(False) & v["item_id"].map(z).fillna(False)
+    selection, shortfall = select_frames(v, {i: numbers[i] for i in v["item_id"]}, required_per_fear, rewrites)
+    replacements = {r.replaces: r.item_id for r in selection.itertuples() if r.replaces}
+    return list(selection["item_id"]), replacements, shortfall
+
+
+def _first(table: pd.DataFrame, column: str, default: Any = False) -> Any:
+    return table[column].iloc[0] if len(table) else default
+
+
+def probe_rules_gate(probe_controls: pd.DataFrame) -> dict:
+    """6.1 on the pilot probes: control probes at chance (else H4 uninterpretable) and no
+    ceiling (else H4 estimation-only, declared before collection)."""
+    ctrl = probe_controls[probe_controls["frame_set"] == "pilot"]
+    if ctrl.empty:
+        return {"passed": False, "numbers": {"interpretable": "n/a", "estimation-only (ceiling)": "n/a"},
+                "message": "no pilot probe outputs"}
+    interpretable = bool(ctrl["h4_interpretable"].iloc[0])
+    ceiling = bool(ctrl["h4_estimation_only"].fillna(False).iloc[0])
+    return {"passed": interpretable and not ceiling,
+            "numbers": {"interpretable": interpretable, "estimation-only (ceiling)": ceiling},
+            "message": "H4 is declared estimation-only before collection" if ceiling
+            else "control probes at chance, no ceiling"}
+
+
+def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, tost_alpha: float, zero: pd.DataFrame,
+                       binding: pd.DataFrame, report_scoring: pd.DataFrame, probe_controls: pd.DataFrame,
+                       pilot_controls: pd.DataFrame, frames: list[str], shortfall: Mapping[str, int],
+                       power: Mapping[str, Any] | None, family: str) -> tuple[dict[str, dict], dict]:
+    """Every registration gate with its verdict, numbers and message, and the in-context
+    binding result the reading carries (4.2 / D5 row 2). Names follow the protocol section."""
+    tost = read_tost(matched)
+    matching = matching_problems(matched, tost_alpha)
+    b0, r0 = binding.iloc[0], report_scoring.iloc[0]
+    binding_gate, in_context = binding_outcomes(
+        bool(b0["in_context_passed"]), int(b0["in_context_correct"]), int(b0["in_context_documents"]),
+        str(b0["in_context_message"]), int((~binding["passes"]).sum()), json.loads(b0["frames_to_write"]))
+    names_pass = bool(name_gate["gate_passed"].iloc[0])
+    gates = {
+        "name_gate (4.2)": {"passed": names_pass, "numbers": {"selected": ", ".join(selected_names(name_gate))},
+                            "message": "five registered names single-token in every tokenizer" if names_pass
+                            else "fewer than five names are single tokens everywhere; the registered-order names stand in"},
+        "matching (4.3)": {"passed": not matching,
+                           "numbers": {"frames passing": int(matched["passes"].sum()), "frames examined": len(matched),
+                                       "events failing": sum(not e["passes"] for e in json.loads(matched["event_matching"].iloc[0])),
+                                       "max TOST p": round(float(tost["tost_p"].max()), 4) if len(tost) else "n/a"},
+                           "message": "; ".join(matching) or "matching passes (frames to write: none)"},
+        "zero_preference (4.3)": {"passed": bool(zero["gate_passed"].iloc[0]),
+                                  "numbers": {"items failing": int(zero.loc[~zero["passes"], "item_id"].nunique())},
+                                  "message": str(zero["message"].iloc[0])},
+        "binding single-sentence (4.2)": binding_gate,
+        "scorer_agreement (4.5)": {"passed": bool(r0["gate_passed"]),
+                                   "numbers": {"kappa": None if pd.isna(r0["kappa"]) else round(float(r0["kappa"]), 3)},
+                                   "message": str(r0["message"])},
+        "probe rules (6.1)": probe_rules_gate(probe_controls),
+        "positive_controls (4.6)": {"passed": bool(pilot_controls["passed"].all()),
+                                    "numbers": {r.control: f"{r.mean:.3f} [{r.hdi_low:.3f}, {r.hdi_high:.3f}]"
+                                                for r in pilot_controls.itertuples()},
+                                    "message": "; ".join(f"{r.control}: {r.reason}" for r in pilot_controls.itertuples())},
+        "frame_selection (4.3)": {"passed": not shortfall, "numbers": {"confirmatory frames": len(frames)},
+                                  "message": "every fear has its frames" if not shortfall else
+                                  "write " + ", ".join(f"{n} frame(s) for {f}" for f, n in shortfall.items())},
+        "power (6.3)": power_gate(power, family),
+    }
+    return gates, in_context
+
+
+def gates_table(gates: Mapping[str, dict], family: str) -> pd.DataFrame:
+    """One row per gate (the ``registration_record`` table)."""
+    return pd.DataFrame([{"family": family, "gate": n, "passed": g["passed"], "numbers": json.dumps(g["numbers"]),
+                          "message": g["message"]} for n, g in gates.items()])

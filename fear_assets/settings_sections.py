@@ -1,0 +1,265 @@
+"""Typed sections of the registered settings (issue 12): one frozen dataclass per section,
+each field declared with the constraint it must meet, validated once when the settings load.
+
+In the spirit of scikit-learn's parameter constraints: a field's constraint sits beside the
+field, and a value that breaks it raises a :class:`SettingsError` naming
+``data/protocol_settings.yaml``, the section, the field and the fix. Code reads the values by
+attribute (``settings.matching.tost_alpha``), never by string key at the point of use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Mapping
+
+from fear_assets.errors import SettingsError
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A check on one registered value: ``convert`` returns the typed value or None if it fails."""
+
+    describe: str
+    convert: Callable[[Any], Any]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def interval(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Constraint:
+    def convert(value):
+        x = _number(value)
+        if x is None or (low is not None and (x <= low if low_open else x < low)) or (high is not None and x > high):
+            return None
+        return x
+    lo = "-inf" if low is None else low
+    return Constraint(f"a number in {'(' if low_open else '['}{lo}, {'inf' if high is None else high}]", convert)
+
+
+PROBABILITY = interval(0.0, 1.0)
+POSITIVE = interval(0.0, low_open=True)
+REAL = interval()
+
+
+def integer(minimum: int) -> Constraint:
+    return Constraint(f"an integer >= {minimum}",
+                      lambda v: v if isinstance(v, int) and not isinstance(v, bool) and v >= minimum else None)
+
+
+TEXT = Constraint("a text", lambda v: v if isinstance(v, str) else None)
+BOOLEAN = Constraint("true or false", lambda v: v if isinstance(v, bool) else None)
+TEXTS = Constraint("a list of texts (quote words YAML reads as booleans)",
+                   lambda v: tuple(v) if isinstance(v, list) and all(isinstance(x, str) for x in v) else None)
+TEXT_PAIR = Constraint("a list of two texts",
+                       lambda v: tuple(v) if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
+                       else None)
+TEXT_MAP = Constraint("a mapping of texts to texts",
+                      lambda v: dict(v) if isinstance(v, Mapping) and all(isinstance(x, str) for x in v.values())
+                      else None)
+ROPE = Constraint("an interval [-x, x] around 0",
+                  lambda v: tuple(float(x) for x in v) if isinstance(v, list) and len(v) == 2
+                  and all(_number(x) is not None for x in v) and v[0] < 0 < v[1] else None)
+CLIP = Constraint("two probabilities [low, high], low < high",
+                  lambda v: tuple(float(x) for x in v) if isinstance(v, list) and len(v) == 2
+                  and all(_number(x) is not None and 0 < x < 1 for x in v) and v[0] < v[1] else None)
+
+
+def registered(constraint: Constraint, fix: str = "") -> Any:
+    """A field of a typed section, with its constraint (and, optionally, what to write instead)."""
+    return field(metadata={"constraint": constraint, "fix": fix})
+
+
+class Section:
+    """Base of a typed section: built and validated by :meth:`from_settings`."""
+
+    NAME: ClassVar[str]
+
+    @classmethod
+    def from_settings(cls, path: Path, raw: Mapping[str, Any]):
+        where = cls.NAME
+        if not isinstance(raw.get(where), Mapping):
+            raise SettingsError(path, "<top>", where, "missing section", f"add the '{where}' section")
+        section = raw[where]
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in section:
+                raise SettingsError(path, where, f.name, "missing", f"add '{f.name}' under '{where}'")
+            constraint: Constraint = f.metadata["constraint"]
+            value = constraint.convert(section[f.name])
+            if value is None:
+                raise SettingsError(path, where, f.name, f"{section[f.name]!r} is not {constraint.describe}",
+                                    f.metadata["fix"] or f"set '{where}.{f.name}' to {constraint.describe}")
+            values[f.name] = value
+        made = cls(**values)
+        problem = made.check()
+        if problem:
+            raise SettingsError(path, where, problem[0], problem[1], problem[2])
+        return made
+
+    def check(self) -> tuple[str, str, str] | None:
+        """A rule across fields: (field, problem, fix), or None."""
+        return None
+
+    def __getitem__(self, key: str) -> Any:
+        # Pure modules written before the typed sections read a rule as a mapping.
+        return getattr(self, key)
+
+
+def _ordered(section: Section, low: str, high: str) -> tuple[str, str, str] | None:
+    if not getattr(section, low) < getattr(section, high):
+        return (high, f"{getattr(section, high)} is not above {low} {getattr(section, low)}",
+                f"make {section.NAME}.{low} < {section.NAME}.{high}")
+    return None
+
+
+@dataclass(frozen=True)
+class Decision(Section):
+    """6.1-6.2: the decision rule (SESOI, meaningful size, ROPE, HDI mass)."""
+
+    NAME: ClassVar[str] = "decision"
+    sesoi: float = registered(POSITIVE, "use the registered positive SESOI (0.15)")
+    meaningful: float = registered(POSITIVE, "use the registered meaningful size (0.30)")
+    rope: tuple[float, float] = registered(ROPE, "write it as [-x, x]")
+    hdi_prob: float = registered(PROBABILITY, "use a proportion between 0 and 1 (0.99)")
+
+
+@dataclass(frozen=True)
+class Matching(Section):
+    """4.3: surprisal matching and the bank-level equivalence test."""
+
+    NAME: ClassVar[str] = "matching"
+    max_abs_difference: float = registered(POSITIVE)
+    tost_bound: float = registered(POSITIVE)
+    tost_alpha: float = registered(PROBABILITY)
+
+
+@dataclass(frozen=True)
+class ZeroPreference(Section):
+    """4.3: the band every no-document option probability must lie in."""
+
+    NAME: ClassVar[str] = "zero_preference"
+    low: float = registered(PROBABILITY)
+    high: float = registered(PROBABILITY)
+
+    def check(self):
+        return _ordered(self, "low", "high")
+
+
+@dataclass(frozen=True)
+class Binding(Section):
+    """4.2: single-sentence and in-context binding checks."""
+
+    NAME: ClassVar[str] = "binding"
+    pass_rate_min: float = registered(PROBABILITY)
+    single_sentence_checks_per_frame: int = registered(integer(1))
+    expected_letter: dict = registered(TEXT_MAP, "map each agent (self, peer, person) to its answer letter")
+
+
+@dataclass(frozen=True)
+class ReportScoring(Section):
+    """4.5: keyword rule against the blinded scorer."""
+
+    NAME: ClassVar[str] = "report_scoring"
+    kappa_min: float = registered(PROBABILITY)
+    refusal_phrases: tuple[str, ...] = registered(TEXTS)
+    scorer_letters: tuple[str, str] = registered(TEXT_PAIR, "write the scorer's yes and no answers, e.g. [Yes, No]")
+
+
+@dataclass(frozen=True)
+class DepthBandRule(Section):
+    """5: the depth band from the neutral partner's mention rate."""
+
+    NAME: ClassVar[str] = "depth_band"
+    neutral_mention_low: float = registered(PROBABILITY)
+    neutral_mention_high: float = registered(PROBABILITY)
+    min_depths: int = registered(integer(1))
+    fallback_target: float = registered(PROBABILITY)
+
+    def check(self):
+        return _ordered(self, "neutral_mention_low", "neutral_mention_high")
+
+
+@dataclass(frozen=True)
+class H5DepthRule(Section):
+    """5: the H5 depth from pooled forced-choice accuracy."""
+
+    NAME: ClassVar[str] = "h5_depth"
+    accuracy_low: float = registered(PROBABILITY)
+    accuracy_high: float = registered(PROBABILITY)
+    fallback_target: float = registered(PROBABILITY)
+
+    def check(self):
+        return _ordered(self, "accuracy_low", "accuracy_high")
+
+
+@dataclass(frozen=True)
+class Sampler(Section):
+    """6.1: draws, tuning steps and chains of every registered fit."""
+
+    NAME: ClassVar[str] = "sampler"
+    draws: int = registered(integer(1))
+    tune: int = registered(integer(0))
+    chains: int = registered(integer(1))
+
+
+@dataclass(frozen=True)
+class Convergence(Section):
+    """6.1: the convergence rule every reported contrast must meet."""
+
+    NAME: ClassVar[str] = "convergence"
+    rhat_max: float = registered(interval(1.0), "R-hat is at least 1; the registered maximum is 1.01")
+    ess_bulk_min: int = registered(integer(0))
+    ess_tail_min: int = registered(integer(0))
+    divergences_max: int = registered(integer(0))
+
+
+@dataclass(frozen=True)
+class PositiveControls(Section):
+    """4.6 / D4: the positive controls' pass rule and the pilot blocks that carry them."""
+
+    NAME: ClassVar[str] = "positive_controls"
+    pass_min_mean: float = registered(REAL)
+    hdi_above: float = registered(REAL)
+    marker: str = registered(TEXT)
+    pilot_blocks: tuple[str, ...] = registered(TEXTS)
+
+
+@dataclass(frozen=True)
+class Exclusion(Section):
+    """4.8: the per-cell exclusion rate above which a cell is flagged."""
+
+    NAME: ClassVar[str] = "exclusion"
+    cell_flag_rate: float = registered(PROBABILITY)
+
+
+@dataclass(frozen=True)
+class Probe(Section):
+    """6.1: the linear probes of H4."""
+
+    NAME: ClassVar[str] = "probe"
+    inverse_regularisation: float = registered(POSITIVE)
+    clip: tuple[float, float] = registered(CLIP)
+    ceiling_accuracy: float = registered(PROBABILITY)
+    control_interval: float = registered(PROBABILITY)
+    layers_fraction_from: float = registered(PROBABILITY)
+
+
+@dataclass(frozen=True)
+class Generation(Section):
+    """4.5: the greedy answer."""
+
+    NAME: ClassVar[str] = "generation"
+    max_new_tokens: int = registered(integer(1))
+    greedy: bool = registered(BOOLEAN)
+
+
+SECTIONS = (Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
+            Convergence, PositiveControls, Exclusion, Probe, Generation)
+
+
+def typed_sections(path: Path, raw: Mapping[str, Any]) -> dict[str, Section]:
+    """Every typed section, validated (the first broken field raises)."""
+    return {cls.NAME: cls.from_settings(path, raw) for cls in SECTIONS}

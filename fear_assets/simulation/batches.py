@@ -1,0 +1,27 @@
+"""The batches of a family's power simulation (6.3, Appendix C step 3): the registered one
+(scenarios x 50..100 frames x 2,000 datasets, in batches) or, for the embedded family, the
+reduced demo. Pure: the batch keys are the partition keys of ``power_simulation``."""
+
+from __future__ import annotations
+
+import math
+
+from fear_assets.settings import ProtocolSettings
+from fear_assets.simulation.store import batch_key
+from fear_assets.simulation.targets import PowerTargets, frame_sequence
+
+
+def batch_keys_of(settings: ProtocolSettings, family_key: str) -> list[str]:
+    """Batch keys ``<scenario>.f<frames>.b<batch>`` of one family's simulation."""
+    p = settings.section("power")
+    if settings.family(family_key).role == "embedded":
+        frames, datasets, scenarios = [int(p["demo"]["frames"])], int(p["demo"]["datasets"]), p["demo"]["scenarios"]
+    else:
+        frames, datasets = frame_sequence(PowerTargets.from_settings(settings)), int(p["datasets"])
+        scenarios = p["scenarios"]
+    n_batches = math.ceil(datasets / int(p["batch_size"]))
+    return [batch_key(s, f, b) for s in scenarios for f in frames for b in range(n_batches)]
+
+
+def all_batch_keys(settings: ProtocolSettings) -> list[str]:
+    return sorted({k for fam in settings.families for k in batch_keys_of(settings, fam)})
