@@ -19,8 +19,8 @@ import yaml
 from fear_assets.errors import SettingsError
 from fear_assets.hashing import sha256_obj
 from fear_assets.settings_sections import (Binding, Convergence, Decision, DepthBandRule, Exclusion, Generation,
-                                           H5DepthRule, Matching, PositiveControls, Probe, ReportScoring, Sampler,
-                                           Section, ZeroPreference, typed_sections)
+                                           H5DepthRule, Matching, PositiveControls, PriorSettings, Probe, ReportScoring,
+                                           Sampler, Section, ZeroPreference, typed_sections)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = PROJECT_ROOT / "data"
@@ -264,6 +264,10 @@ class ProtocolSettings:
     @property
     def generation(self) -> Generation:
         return self.sections["generation"]
+
+    @property
+    def priors(self) -> PriorSettings:
+        return self.sections["priors"]
 
     @property
     def neutral_partner_option(self) -> int:

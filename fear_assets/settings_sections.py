@@ -256,7 +256,28 @@ class Generation(Section):
     greedy: bool = registered(BOOLEAN)
 
 
-SECTIONS = (Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
+POSITIVE_PAIR = Constraint("two positive numbers [shape, rate]",
+                           lambda v: tuple(float(x) for x in v) if isinstance(v, list) and len(v) == 2
+                           and all(_number(x) is not None and x > 0 for x in v) else None)
+
+
+@dataclass(frozen=True)
+class PriorSettings(Section):
+    """D3: the registered priors of every model (scales of the half-normal and normal priors)."""
+
+    NAME: ClassVar[str] = "priors"
+    fixed_effect_sd: float = registered(POSITIVE)
+    intercept_sd: float = registered(POSITIVE)
+    group_sd_halfnormal: float = registered(POSITIVE)
+    residual_sd_halfnormal: float = registered(POSITIVE)
+    student_t_nu_gamma: tuple[float, float] = registered(POSITIVE_PAIR)
+    lkj_eta: float = registered(POSITIVE)
+    h5_probit_fixed_sd: float = registered(POSITIVE)
+    gate_c_reader_factor_sd: float = registered(POSITIVE)
+    sensitivity_fixed_effect_sd: float = registered(POSITIVE)
+
+
+SECTIONS = (PriorSettings, Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
             Convergence, PositiveControls, Exclusion, Probe, Generation)
 
 

@@ -11,7 +11,15 @@ from fear_assets.registration.record import ANALYSIS_CODE, PACKAGE_ROOT, analysi
 
 @pytest.mark.parametrize("module", ["registration/gates.py", "reading/inputs.py", "reading/decision.py",
                                     "pilot/depth_rules.py", "pilot/matching.py", "analysis/gate_b.py",
-                                    "simulation/targets.py"])
+                                    "simulation/targets.py",
+                                    # issue 12: the rules moved out of the asset layer
+                                    "registration/pilot_gates.py",  # gate verdicts, final selection
+                                    "analysis/h4.py",  # H4 data, fit and flags
+                                    "analysis/controls.py",  # the pilot controls' verdict rows
+                                    "analysis/unmasking.py",  # the one unmasking path
+                                    "pilot/binding.py",  # in-context binding
+                                    "probes/carriage.py", "probes/inputs.py",  # the probe rules (6.1, 6.3)
+                                    "simulation/batches.py"])
 def test_editing_a_rule_changes_the_registered_hash(tmp_path, module):
     root = tmp_path / "fear_assets"
     for pkg in ANALYSIS_CODE:

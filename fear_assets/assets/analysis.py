@@ -105,7 +105,7 @@ def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
 def _registered(settings) -> Registered:
     d, s, pc = settings.decision, settings.sampler, settings.positive_controls
     return Registered(hdi_prob=d.hdi_prob, sesoi=d.sesoi, meaningful=d.meaningful,
-                      sensitivity_sd=float(settings.section("priors")["sensitivity_fixed_effect_sd"]),
+                      sensitivity_sd=settings.priors.sensitivity_fixed_effect_sd,
                       convergence=settings.convergence, flag_rate=settings.exclusion.cell_flag_rate,
                       control_min_mean=pc.pass_min_mean, control_hdi_above=pc.hdi_above,
                       draws=s.draws, tune=s.tune, chains=s.chains)

@@ -46,7 +46,8 @@ from fear_assets.resources.protocol import ProtocolResource
 def _sampler(settings, family_key: str) -> dict:
     if settings.family(family_key).role == "embedded":
         return dict(settings.section("power")["demo"]["sampler"])
-    return dict(settings.section("sampler"))
+    s = settings.sampler
+    return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
 
 
 _FITTERS: dict = {}
@@ -90,7 +91,7 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     rows = pilot_scores[pilot_scores["block"] == "pilot_primary"]
     fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
     table = model_table(unmask_pilot(rows, assignment_key), sentence_surprisal, fears_of,
-                        int(settings.design["neutral_partner_option"]))
+                        settings.neutral_partner_option)
     fit = fit_cells(_fitter(settings, family_key), table, settings.fears, band,
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}

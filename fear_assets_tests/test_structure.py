@@ -1,0 +1,174 @@
+"""Issue 12: the asset graph in the protocol's stage order, typed settings sections, one
+definition of each shared rule, and the registered code hash over every protocol rule."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from fear_assets.errors import SettingsError
+from fear_assets.settings import DEFAULT_SETTINGS_PATH, depth_index, depth_key, load_settings
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fear_assets"
+STAGES = ("stimuli", "pilot", "registration", "collection", "probes", "analysis", "reading")
+
+
+# -- typed settings sections ------------------------------------------------------------
+def test_typed_sections_read_by_attribute(settings):
+    assert settings.matching.max_abs_difference == 0.10 and settings.matching.tost_alpha == 0.05
+    assert (settings.zero_preference.low, settings.zero_preference.high) == (0.4, 0.6)
+    assert settings.binding.single_sentence_checks_per_frame == 18
+    assert settings.report_scoring.scorer_letters == ("Yes", "No")
+    assert settings.depth_band_rule.min_depths == 2 and settings.h5_depth_rule.fallback_target == 0.75
+    assert (settings.sampler.draws, settings.sampler.chains) == (500, 2)
+    assert settings.convergence.rhat_max == 1.01 and settings.convergence.divergences_max == 0
+    assert settings.generation.max_new_tokens == 48 and settings.probe.clip == (0.001, 0.999)
+    assert settings.confirmatory_frames_per_fear("qwen2.5-7b") == 10
+    assert settings.confirmatory_frames_per_fear("smollm2-135m") == 1  # the reduced design's
+
+
+@pytest.mark.parametrize("section, field, value, says", [
+    ("matching", "tost_alpha", 1.5, "a number in [0.0, 1.0]"),
+    ("sampler", "chains", 0, "an integer >= 1"),
+    ("sampler", "draws", 2.5, "an integer >= 1"),
+    ("zero_preference", "low", 0.7, "not above low"),
+    ("report_scoring", "scorer_letters", ["Yes"], "a list of two texts"),
+    ("convergence", "rhat_max", 0.9, "R-hat is at least 1"),
+    ("generation", "greedy", "yes", "true or false"),
+])
+def test_a_bad_field_names_the_file_section_field_and_fix(tmp_path, section, field, value, says):
+    raw = yaml.safe_load(DEFAULT_SETTINGS_PATH.read_text())
+    raw[section][field] = value
+    path = tmp_path / "protocol_settings.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    message = str(err.value)
+    assert str(path) in message and repr(section) in message and says in message and "Fix:" in message
+    assert err.value.field == field or err.value.field == "high"
+
+
+def test_the_agents_are_the_protocols(tmp_path):
+    raw = yaml.safe_load(DEFAULT_SETTINGS_PATH.read_text())
+    raw["design"]["agents"] = ["self", "person", "peer"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(SettingsError, match="design.agents"):
+        load_settings(path)
+
+
+def test_one_depth_key_conversion():
+    assert [depth_key(i) for i in (1, 2, 10)] == ["d1", "d2", "d10"]
+    assert [depth_index(k) for k in ("d1", "d10")] == [1, 10]
+    for bad in ("D1", "d0", "1", "dx"):
+        with pytest.raises(ValueError):
+            depth_index(bad)
+    with pytest.raises(ValueError):
+        depth_key(0)
+
+
+# -- one definition of each shared constant and rule ----------------------------------------
+def _assignments(name: str) -> list[str]:
+    out = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                out.append(str(path.relative_to(PACKAGE)))
+    return out
+
+
+def test_shared_constants_are_defined_once():
+    assert _assignments("AGENTS") == ["settings.py"] and _assignments("CONTENTS") == ["settings.py"]
+    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    assert not [p for p, s in sources.items() if '"<|im_end|>"' in s and "registered_tokenizers" not in str(p)]
+    assert not [p for p, s in sources.items() if "def convergence_problems" in s and p.name != "fits.py"]
+    assert not [p for p, s in sources.items() if "[[\"condition_code\", \"condition\"" in s
+                and p.name != "unmasking.py"]
+
+
+def test_the_bank_imports_no_design_module():
+    """The cycle stimuli/bank.py <-> design/documents.py is broken: the bank loads alone."""
+    code = "import sys, fear_assets.stimuli.bank; print(sorted(m for m in sys.modules if m.startswith('fear_assets.design')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout.strip()
+    assert out == "[]"
+
+
+def test_end_of_turn_comes_from_the_tokenizer(smol_tokenizer):
+    from fear_assets.lm.tokenizers import end_of_turn_ids
+
+    ids = end_of_turn_ids(smol_tokenizer)
+    assert smol_tokenizer.convert_tokens_to_ids("<|im_end|>") in ids and smol_tokenizer.eos_token_id in ids
+    assert smol_tokenizer.unk_token_id not in ids
+
+
+# -- the graph ---------------------------------------------------------------------------
+def test_groups_are_the_stages_and_follow_the_protocol_order():
+    from fear_assets.definitions import STAGE_NAMES, defs
+
+    assert STAGE_NAMES == STAGES
+    graph = defs.resolve_asset_graph()
+    group = {k: graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert set(group.values()) == set(STAGES)
+    rank = {s: i for i, s in enumerate(STAGES)}
+    for key in group:  # no asset reads from a later stage
+        assert all(rank[group[p]] <= rank[group[key]] for p in graph.get(key).parent_keys), key
+    assert group[dg.AssetKey("pilot_trial_table")] == "pilot"
+    assert group[dg.AssetKey("confirmatory_trial_table")] == "collection"
+    assert group[dg.AssetKey("power_summary")] == "registration"  # 6.3 gates registration
+
+
+def test_a_re_registration_marks_the_confirmatory_design_stale():
+    """registration_record is an asset input of the confirmatory trial table (no file read-back),
+    and everything the analysis reads hangs below it."""
+    from fear_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    record = dg.AssetKey("registration_record")
+    assert record in graph.get(dg.AssetKey("confirmatory_trial_table")).parent_keys
+    below = dg.AssetSelection.assets(record).downstream().resolve(graph)
+    for name in ("confirmatory_trial_table", "confirmatory_scores", "probe_outputs", "h4_posterior", "posteriors",
+                 "section8_reading"):
+        assert dg.AssetKey(name) in below
+    assert dg.AssetKey("pilot_trial_table") not in below
+    source = (PACKAGE / "assets").rglob("*.py")
+    assert not [p for p in source if "registered_replacements" in p.read_text(encoding="utf-8")]
+
+
+def test_jobs_are_stage_jobs_and_the_main_plan_follows_the_stages():
+    from fear_assets.definitions import STAGE_NAMES, build_definitions
+    from fear_assets.main import plan
+
+    defs = build_definitions(":memory:")
+    names = {j.name for j in defs.get_repository_def().get_all_jobs()} - {"__ASSET_JOB"}
+    assert names and all(n.split("_")[0] in STAGES and n.endswith("_job") for n in names)
+    steps = plan(defs, STAGE_NAMES)
+    order = [STAGES.index(s.stage) for s in steps]
+    assert order == sorted(order) and steps[0].keys == (dg.AssetKey("frame_bank"),)
+    assert steps[-1].keys == (dg.AssetKey("cross_family_statement"),)
+    planned = {k.to_user_string() for s in steps for k in s.keys}
+    assert {"trial_accounting", "registration_record", "posteriors"} <= planned and "name_candidates" not in planned
+
+
+def test_asset_modules_are_thin():
+    modules = list((PACKAGE / "assets").rglob("*.py"))
+    long = {str(p.relative_to(PACKAGE)): n for p in modules if (n := len(p.read_text().splitlines())) > 225}
+    assert not long
+    for path in modules:  # imports at the top (a stated reason is a noqa comment)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            inner = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            assert not inner, f"{path.name}:{fn.name} imports inside its body"
+
+
+def test_numbers_read_sensibly():
+    from fear_assets.assets.steps import readable
+
+    assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.01" and readable(0.0001234) == "1.2e-4"
+    assert readable(float("nan")) == "" and readable(400) == "400" and readable(True) == "True"
