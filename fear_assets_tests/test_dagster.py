@@ -1,5 +1,7 @@
 """Through Dagster: a real instance, a real DuckDB file, the registered assets and checks."""
 
+import json
+
 import dagster as dg
 import duckdb
 import pandas as pd
@@ -7,7 +9,7 @@ import pytest
 import yaml
 
 from fear_assets.definitions import all_assets, all_checks, resources
-from fear_assets.partitions import family_depth_partitions, registered_partition_keys
+from fear_assets.partitions import FAMILY_EXPR, family_depth_partitions, family_partitions, registered_partition_keys
 from fear_assets.registration.freeze import freeze_record, write_record
 from fear_assets.resources.store import SCHEMA, duckdb_io_manager
 from fear_assets.stimuli.bank import load_bank
@@ -75,16 +77,58 @@ def test_partition_materialises_once_and_rematerialises_in_place(env, settings):
     assert _rows(db, "pilot_trial_table", "depth = 'd1'") > 0
 
 
+def _store_record(env, status: str, replacements: dict) -> None:
+    """A registration record in the store, as ``registration_record`` writes it (issue 12:
+    the confirmatory trial table reads the record as an asset input, never from disk)."""
+    instance, db, _ = env
+
+    @dg.asset(name="registration_record", partitions_def=family_partitions, metadata=FAMILY_EXPR)
+    def stored_record():
+        record = {"family": EMBEDDED, "status": status, "replacements": replacements}
+        return pd.DataFrame([{"family": EMBEDDED, "gate": "frame_selection (4.3)", "passed": True, "numbers": "{}",
+                              "message": "", "record_json": json.dumps(record), "record_path": ""}])
+
+    dg.materialize([stored_record], partition_key=EMBEDDED, instance=instance,
+                   resources={"io_manager": duckdb_io_manager(db)})
+
+
 def test_accounting_through_dagster_is_closed_for_all_depths(env, settings):
     _, db, _ = env
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
+    _store_record(env, "draft", {})
     for key in registered_partition_keys(settings, EMBEDDED):
-        _run(env, ["pilot_trial_table", "assignment_key"], key)
+        _run(env, ["pilot_trial_table", "confirmatory_trial_table", "assignment_key"], key)
     result = _run(env, ["trial_accounting"], EMBEDDED)
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.passed, evaluation.description
     assert _rows(db, "trial_accounting", "block = 'TOTAL' and status = 'ok'") == 1
+    # The pilot and the confirmatory tables split the blocks between them.
+    assert _rows(db, "pilot_trial_table", "block not like 'pilot_%'") == 0
+    assert _rows(db, "confirmatory_trial_table", "block like 'pilot_%'") == 0
+    assert _rows(db, "confirmatory_trial_table") > 0
+
+
+def test_a_registered_replacement_reaches_the_confirmatory_table_through_the_record(env, settings, bank):
+    """4.3: a registered record's replacement (failing frame -> reserve) is built into the
+    confirmatory design from the record asset; a draft record changes nothing."""
+    _, db, _ = env
+    _run(env, ["frame_bank"])
+    _run(env, ["name_gate"], EMBEDDED)
+    key = registered_partition_keys(settings, EMBEDDED)[0]
+    _store_record(env, "draft", {})
+    _run(env, ["confirmatory_trial_table"], key)
+    with duckdb.connect(db, read_only=True) as con:
+        frames = {r[0] for r in con.execute(f"select distinct item_id from {SCHEMA}.confirmatory_trial_table "
+                                            "where frame_set = 'confirmatory'").fetchall()}
+    failing = sorted(frames)[0]
+    reserve = bank.frames_of(bank.item(failing).group, "reserve")[0].id
+    _store_record(env, "registered", {failing: reserve})
+    _run(env, ["confirmatory_trial_table"], key)
+    with duckdb.connect(db, read_only=True) as con:
+        after = {r[0] for r in con.execute(f"select distinct item_id from {SCHEMA}.confirmatory_trial_table "
+                                           "where frame_set = 'confirmatory'").fetchall()}
+    assert failing not in after and reserve in after and len(after) == len(frames)
 
 
 def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):

@@ -76,7 +76,7 @@ def test_k8s_definitions_load_with_the_k8s_executor_and_the_parquet_store(k8s_de
     from fear_assets.resources.store import StoreIOManager
 
     defs = k8s_defs.defs
-    job = defs.resolve_job_def("foundation_job")
+    job = defs.resolve_job_def("pilot_by_depth_job")  # a stage job (issue 12: foundation_job is gone)
     assert job.executor_def.name == k8s_job_executor.name
     io_manager = defs.resources["io_manager"]
     assert isinstance(io_manager, StoreIOManager) and io_manager.store == "parquet"

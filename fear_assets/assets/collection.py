@@ -71,15 +71,16 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "python"},
           ins={"pilot_trial_table": BY_DEPTH, "confirmatory_trial_table": BY_DEPTH})
 def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResource, pilot_trial_table: pd.DataFrame,
-                     confirmatory_trial_table: pd.DataFrame, registration_record: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                     confirmatory_trial_table: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The closed trial accounting of one family (protocol 4.7, D2): "per block, the
     registered count formula, the expected and actual rows and the per-cell (condition
     code) counts; a TOTAL row reconciles the blocks with the whole table", over the pilot
     and the confirmatory trial tables together."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    selection = registered_selection(settings, bank, settings.family(family_key),
-                                     replacements_of(_record(registration_record)))
+    # A registered replacement swaps one frame for another (4.3), so the counts the formula
+    # reads are those of the registered sets; the frames themselves are the tables'.
+    selection = registered_selection(settings, bank, settings.family(family_key))
     trials = pd.concat([pilot_trial_table, confirmatory_trial_table], ignore_index=True)
     table = account(settings, family_key, selection, trials)
     shown = table[table["status"] != "not applicable"]
