@@ -11,6 +11,7 @@ run log beside the store, not to the console.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -18,13 +19,23 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import dagster as dg
+#: Library warnings (PyTensor's BLAS notice when it is imported below, ArviZ's RuntimeWarnings
+#: on degenerate draws) go to the run log, not through the console summary: captured before
+#: the imports when run as the main job, held here until ``run`` knows where the log goes.
+WARNINGS = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+if __name__ == "__main__":
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").addHandler(WARNINGS)
+    logging.getLogger("py.warnings").propagate = False
+    warnings.simplefilter("default")
 
-from fear_assets.definitions import STAGE_NAMES, build_definitions, partitioning_of
-from fear_assets.partitions import power_partition_keys, registered_partition_keys
-from fear_assets.resources.protocol import ProtocolResource
-from fear_assets.resources.store import duckdb_path as default_duckdb_path
-from fear_assets.settings import PROJECT_ROOT
+import dagster as dg  # noqa: E402 (after the warning capture above)
+
+from fear_assets.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
+from fear_assets.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
+from fear_assets.resources.protocol import ProtocolResource  # noqa: E402
+from fear_assets.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
+from fear_assets.settings import PROJECT_ROOT  # noqa: E402
 
 #: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
 #: everything is still in the instance's event log and the UI.
@@ -81,15 +92,11 @@ def run(duckdb_path: str | None = None) -> int:
     os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
     db = duckdb_path or default_duckdb_path()
     log_path = Path(db).with_suffix(".main.log")
-    # Library warnings (PyTensor's BLAS notice, ArviZ's RuntimeWarnings on degenerate draws)
-    # go to the run log, not through the console summary.
-    logging.captureWarnings(True)
     handler = logging.FileHandler(log_path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    py_warnings = logging.getLogger("py.warnings")
-    py_warnings.addHandler(handler)
-    py_warnings.propagate = False
-    warnings.simplefilter("default")
+    WARNINGS.setTarget(handler)
+    WARNINGS.flush()
+    WARNINGS.flushLevel = logging.WARNING  # from now on every warning is written as it comes
     defs = build_definitions(db)
     instance = dg.DagsterInstance.get()
     settings = ProtocolResource().settings()

@@ -172,3 +172,12 @@ def test_numbers_read_sensibly():
 
     assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.01" and readable(0.0001234) == "1.2e-4"
     assert readable(float("nan")) == "" and readable(400) == "400" and readable(True) == "True"
+
+
+def test_metadata_tables_keep_the_readable_numbers():
+    import pandas as pd
+
+    from fear_assets.assets.steps import readable_markdown
+
+    text = readable_markdown(pd.DataFrame({"rhat": [14462920.0, 1.0042], "note": ["x", float("nan")]}))
+    assert "1.4e7" in text and "1.004" in text and "nan" not in text and "14462920" not in text

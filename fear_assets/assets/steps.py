@@ -193,4 +193,4 @@ def readable(x) -> str:
 
 def readable_markdown(table: pd.DataFrame) -> str:
     """A metadata table with every number :func:`readable`."""
-    return table.apply(lambda col: col.map(readable) if col.dtype.kind in "fiub" else col).to_markdown(index=False)
+    return table.apply(lambda col: col.map(readable)).to_markdown(index=False, disable_numparse=True)
