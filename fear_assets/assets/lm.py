@@ -18,6 +18,7 @@ from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import manifest, manifest_digest, registry
 from fear_assets.lm.name_gate import run_name_gate, selected_names
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.lm.resumable import discard_chunks, score_partition
 from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.lm.trial_scores import assemble
@@ -255,7 +256,7 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
     names = json.loads(table["selected_names"].iloc[0])
     specs = registry(settings, family_key)
     gen = settings.section("generation")
-    parts, all_features, offset = [], [], 0
+    parts, all_features, offset, resumed = [], [], 0, {}
     # One builder for every reader: the distractors are cut in the tested tokenizer once.
     builder = DocumentBuilder(settings, bank, family_key, names,
                               family_tokenizers(settings, family, Path(protocol.cache_dir)))
@@ -266,19 +267,14 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
                                   reduced.branches if reduced is not None else None)
         eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
                if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id]
-        last_log = [0.0]
-
-        def progress(done, total, elapsed):
-            if elapsed - last_log[0] >= 15 or done == total:
-                last_log[0] = elapsed
-                rate = done / max(elapsed, 1e-9)
-                context.log.info(f"{family_key} {depth} [{reader}]: {done}/{total} documents, {rate:.2f} docs/s, "
-                                 f"ETA {(total - done) / max(rate, 1e-9):.0f} s")
-
         config = ScoringSettings(spec.context_window, int(gen["max_new_tokens"]),
                                  float(settings.section("probe")["layers_fraction_from"]))
-        long, readouts, features = score_requests(TeacherForcedEngine(model), tokenizer, requests, config,
-                                                  progress=progress, eos_ids=eos)
+        engine = TeacherForcedEngine(model)  # issue 16: finished chunks survive a crash; a rerun resumes
+        run = score_partition(context, requests, lambda reqs, _: score_requests(engine, tokenizer, reqs, config, eos_ids=eos),
+                              protocol.cache_dir, family_key, feature_name, reader, checkpoint=spec.checkpoint,
+                              config=vars(config), eos=sorted(eos), settings=settings.sha256, bank=bank.sha256)
+        long, readouts, features = run.long, run.readouts, run.features
+        resumed[reader] = run.progress.metadata()
         part = assemble(rows, long, readouts)
         part["feature_row"] = np.where(part["feature_row"] >= 0, part["feature_row"] + offset, -1)
         offset += len(features)
@@ -301,6 +297,7 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
         "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
         "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
+        "resumed scoring (per reader)": dg.MetadataValue.json(resumed),
     }
 
 
@@ -331,6 +328,7 @@ def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, langua
         table = table[table["block"].isin(family.reduced_design.scored_blocks)]
     result, metadata = _score_table(context, protocol, language_model, table, family_key, depth, depth)
     yield dg.Output(result, metadata=metadata)
+    discard_chunks(protocol.cache_dir, family_key, depth)  # the store holds the partition now
 
 
 @dg.asset(group_name=GROUP, partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu",
@@ -361,3 +359,4 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     result, metadata = _score_table(context, protocol, language_model, table, family_key, depth,
                                     f"{depth}_pilot_controls")
     yield dg.Output(result, metadata=metadata)
+    discard_chunks(protocol.cache_dir, family_key, f"{depth}_pilot_controls")  # the store holds it now
