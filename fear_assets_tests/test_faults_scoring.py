@@ -252,3 +252,64 @@ def test_kill_9_mid_partition_leaves_old_or_new_rows_and_the_rerun_completes_it(
     assert _digest(final) == _digest(reference) and (final.generation == "new").all()
     assert not chunks.exists()
     assert json.loads(json.dumps(meta["documents/s"].value)) >= 0
+
+
+# --- the scores asset itself resumes -----------------------------------------------------------
+
+
+def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, smol_tokenizer, tmp_path, monkeypatch):
+    """The registered ``scores`` asset (direct invocation, a tiny random model in place of the
+    checkpoint): a first run that dies after two chunks leaves them on disk; the rerun reuses
+    them, says so in its output metadata and progress observations, equals an uninterrupted
+    run, and discards the chunks once the output is handed to the store."""
+    import dagster as dg
+
+    from fear_assets.assets import lm as lm_assets
+    from fear_assets.lm import resumable
+    from fear_assets.resources.models import LanguageModelResource
+    from fear_assets.resources.protocol import ProtocolResource
+
+    rows, _ = partition
+    model = fault_scoring.tiny_model(len(smol_tokenizer))
+
+    class TinyModel(LanguageModelResource):
+        def load(self, spec):
+            return model, smol_tokenizer
+
+    monkeypatch.setattr(resumable, "CHUNK_DOCUMENTS", 3)
+    monkeypatch.setattr(resumable.score_resumably, "__kwdefaults__",
+                        {**resumable.score_resumably.__kwdefaults__, "chunk_documents": 3})
+    protocol = ProtocolResource(cache_dir=str(tmp_path / "cache"))
+    key = dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d2"})
+    table = rows.assign(selected_names=json.dumps(NAMES)) if "selected_names" not in rows else rows
+    chunk_dir = resumable.chunk_directory(protocol.cache_dir, EMBEDDED, "d2", "tested")
+
+    def run(after_chunk=None):
+        original = resumable.score_resumably
+        if after_chunk:
+            monkeypatch.setattr(resumable, "score_resumably",
+                                lambda *a, **k: original(*a, **{**k, "after_chunk": after_chunk}))
+        try:
+            with dg.build_asset_context(partition_key=key) as context:
+                events = list(lm_assets.scores(context, protocol=protocol, language_model=TinyModel(),
+                                               trial_table=table))
+        finally:
+            monkeypatch.setattr(resumable, "score_resumably", original)
+        return events
+
+    def die(chunk, path):
+        if chunk.index == 1:
+            raise Interrupted
+
+    with fault_scoring.one_thread():
+        with pytest.raises(Interrupted):
+            run(die)
+        assert len(list(chunk_dir.glob("chunk-*.parquet"))) == 2
+        resumed = [e for e in run() if isinstance(e, dg.Output)][0]
+        assert not chunk_dir.parent.exists()  # discarded once the output was handed over
+        whole = [e for e in run() if isinstance(e, dg.Output)][0]
+    meta = resumed.metadata["resumed scoring (per reader)"].value["tested"]
+    assert meta["documents"] == 13 and meta["documents reused from finished chunks"] == 6
+    assert meta["documents scored in this run"] == 7 and meta["chunks reused"] == 2
+    assert whole.metadata["resumed scoring (per reader)"].value["tested"]["documents reused from finished chunks"] == 0
+    pd.testing.assert_frame_equal(resumed.value, whole.value)

@@ -270,9 +270,10 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
         config = ScoringSettings(spec.context_window, int(gen["max_new_tokens"]),
                                  float(settings.section("probe")["layers_fraction_from"]))
         engine = TeacherForcedEngine(model)  # issue 16: finished chunks survive a crash; a rerun resumes
-        run = score_partition(context, requests, lambda reqs, _: score_requests(engine, tokenizer, reqs, config, eos_ids=eos),
-                              protocol.cache_dir, family_key, feature_name, reader, checkpoint=spec.checkpoint,
-                              config=vars(config), eos=sorted(eos), settings=settings.sha256, bank=bank.sha256)
+        score = lambda reqs, _: score_requests(engine, tokenizer, reqs, config, eos_ids=eos)  # noqa: E731
+        run = score_partition(context, requests, score, protocol.cache_dir, family_key, feature_name, reader,
+                              checkpoint=spec.checkpoint, config=vars(config), eos=sorted(eos),
+                              settings=settings.sha256, bank=bank.sha256)
         long, readouts, features = run.long, run.readouts, run.features
         resumed[reader] = run.progress.metadata()
         part = assemble(rows, long, readouts)
