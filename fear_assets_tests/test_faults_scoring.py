@@ -313,3 +313,59 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     assert meta["documents scored in this run"] == 7 and meta["chunks reused"] == 2
     assert whole.metadata["resumed scoring (per reader)"].value["tested"]["documents reused from finished chunks"] == 0
     pd.testing.assert_frame_equal(resumed.value, whole.value)
+
+
+# --- documents over the window, truncated answers, NaN and infinite log-probabilities ---------
+
+
+def test_over_window_truncated_and_nonfinite_trials_are_flagged_with_reasons_and_counted(
+        partition, tiny_engine, smol_tokenizer, settings):
+    from fear_assets.analysis.data import kept
+    from fear_assets.analysis.exclusions import exclusion_rates
+    from fear_assets.lm.trial_scores import assemble
+
+    rows, requests = partition
+    lengths = {r.key: max(len(smol_tokenizer.encode(t, add_special_tokens=False)) for t in r.branches.values())
+               for r in requests}
+    agent_lengths = sorted(v for k, v in lengths.items() if "baseline" not in k)
+    window = agent_lengths[len(agent_lengths) // 2]  # about half the agent documents exceed it
+    config = ScoringSettings(context_window=window, max_new_tokens=4, layers_fraction_from=1 / 3)
+    with fault_scoring.one_thread():
+        long, readouts, _ = score_requests(tiny_engine, smol_tokenizer, requests, config)
+    # Inject: NaN, -inf and +inf log-probabilities into three scored agent documents, an
+    # infinite forced-choice log-probability into a fourth.
+    scored = [k for k in long.request.unique() if "baseline" not in k]
+    injected = dict(zip(scored[:3], [float("nan"), float("-inf"), float("inf")]))
+    long = long.copy()
+    for key, value in injected.items():
+        first = long.index[long.request == key][0]
+        long.loc[first, ["mean_logprob", "sum_logprob"]] = value
+    readouts = readouts.copy()
+    fc_target = next(k for k in scored[3:] if readouts.set_index("request").loc[k, "forced_choice_choice_logprobs"])
+    at = readouts.index[readouts.request == fc_target][0]
+    readouts.loc[at, "forced_choice_choice_logprobs"] = json.dumps([float("-inf"), -0.5])
+    table = assemble(rows, long, readouts)
+    over = {k for k, n in lengths.items() if n > window}
+    agent = table[table.block == "pilot_primary"]
+    context_ok = (set(table.loc[table.excluded_context, "trial_id"]) == over
+                  and table.loc[table.excluded_context, "exclusion_reason"].str.contains(f"context window is {window}").all())
+    truncated = agent[~agent.excluded_context]
+    truncated_ok = bool(truncated.generation_truncated.all()) and len(truncated) > 0
+    flagged = set(table.loc[table.nonfinite_logprob, "trial_id"])
+    nonfinite_ok = (flagged == {*injected, fc_target}
+                    and table.loc[table.nonfinite_logprob, "exclusion_reason"].str.contains("non-finite").all()
+                    and table.set_index("trial_id").loc[fc_target, "p_option1"] != table.set_index("trial_id").loc[
+                        fc_target, "p_option1"])  # NaN: no choice read from an infinite log-probability
+    rates = exclusion_rates(table.assign(agent="self", content="threat"), flag_rate=0.05)
+    counted = (int(rates.excluded_context.sum()) == len(over) and int(rates.nonfinite_logprob.sum()) == 4
+               and int(rates.generation_truncated.sum()) == int(table.generation_truncated.sum()))
+    remaining = kept(table)
+    lost = len(set(rows.trial_id) - set(table.trial_id))  # every trial has its row, flagged or not
+    dropped_silently = len(table) - len(remaining) - int(
+        (table.excluded_context | table.generation_truncated | table.nonfinite_logprob).sum())
+    record("document over the context window", len(over), len(over) if context_ok and counted else 0, rows_lost=lost)
+    record("generation truncated by the length limit", len(truncated), len(truncated) if truncated_ok else 0)
+    record("NaN or infinite log-probability", 4, 4 if nonfinite_ok and counted else 0)
+    assert 0 < len(over) < len(requests) and context_ok and truncated_ok and nonfinite_ok and counted
+    assert lost == 0 and dropped_silently == 0
+    assert not remaining.nonfinite_logprob.any() and not remaining.excluded_context.any()

@@ -294,6 +294,7 @@ def _score_table(context, protocol: ProtocolResource, language_model: LanguageMo
     return result, {
         "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
         "generation truncated": int(result["generation_truncated"].sum()),
+        "non-finite log-probabilities (flagged, kept out of the models)": int(result["nonfinite_logprob"].sum()),
         "answer cannot fit after the document (recorded, not excluded)": int(result["answer_exceeds_context"].sum()),
         "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
