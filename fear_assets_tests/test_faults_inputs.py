@@ -142,3 +142,118 @@ def test_fuzzed_bank_yaml_gives_a_named_error_or_a_valid_bank(tmp_path_factory, 
                outcomes.named + outcomes.valid)
     assert outcomes.tracebacks == 0, outcomes.examples
     assert outcomes.named > 0
+
+
+# --- edited inputs against the freeze record -------------------------------------------------
+
+
+def test_an_edited_bank_item_or_settings_value_is_blocked_naming_it(settings, bank, bank_copy, tmp_path):
+    from fear_assets.assets.stimuli import bank_freeze
+    from fear_assets.registration.freeze import freeze_record, write_record
+    from fear_assets.resources.protocol import ProtocolResource
+
+    registration = tmp_path / "registration"
+    write_record(freeze_record(settings, bank), registration)
+    settings_copy = tmp_path / "protocol_settings.yaml"
+    settings_copy.write_text(SETTINGS_TEXT, encoding="utf-8")
+    protocol = ProtocolResource(settings_path=str(settings_copy), bank_dir=str(bank_copy),
+                                registration_dir=str(registration))
+    assert all(spec.blocking for spec in bank_freeze.check_specs)  # a failed check stops everything downstream
+    assert bank_freeze(protocol=protocol).passed
+    blocked = 0
+    # One bank item edited (a word of TER-02's sentence).
+    frames = bank_copy / "frames" / "termination.yaml"
+    original = frames.read_text(encoding="utf-8")
+    frames.write_text(original.replace("at the end of {content}.", "at the close of {content}.", 1), encoding="utf-8")
+    result = bank_freeze(protocol=protocol)
+    blocked += (not result.passed) and "bank item:TER-02 changed" in result.description
+    frames.write_text(original, encoding="utf-8")
+    # One settings value edited (the SESOI).
+    settings_copy.write_text(SETTINGS_TEXT.replace("sesoi: 0.15", "sesoi: 0.12", 1), encoding="utf-8")
+    result = bank_freeze(protocol=protocol)
+    blocked += (not result.passed) and "settings section decision changed" in result.description
+    record("edited bank item or settings value", 2, blocked)
+    assert blocked == 2, result.description
+
+
+def test_an_edited_registration_record_is_blocked_naming_the_field(settings, bank, tmp_path):
+    import json
+
+    from fear_assets.registration.freeze import compare_with_record, freeze_record, read_record, write_record
+    from fear_assets.registration.record import frozen_differences, write_family_record
+
+    write_record(freeze_record(settings, bank), tmp_path)
+    # The freeze record edited by hand: one item's hash, and the canonical hash alone.
+    frozen = read_record(tmp_path)
+    frozen["bank_items"]["item:TER-01"] = "0" * 64
+    frozen["bank_sha256"] = "f" * 64
+    first = compare_with_record(settings, bank, frozen)
+    frozen = read_record(tmp_path)
+    frozen["settings_sha256"] = "e" * 64
+    second = compare_with_record(settings, bank, frozen)
+    # A family's registered record edited by hand (its depth band): the next run's record differs.
+    registered = {"family": "smollm2-135m", "status": "registered", "protocol": "p", "protocol_version": "v",
+                  "settings_sha256": settings.sha256, "bank_sha256": bank.sha256, "depth_band": "0,1",
+                  "failed_gates": []}
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "smollm2-135m" / "registration_record.json").write_text(
+        json.dumps({**registered, "depth_band": "1,2"}), encoding="utf-8")
+    with pytest.raises(FreezeError, match="depth_band: registered 1,2, now 0,1") as third:
+        write_family_record(tmp_path, registered, confirmatory=True)
+    blocked = sum([not first.passed and "bank item:TER-01 changed" in first.summary(),
+                   not second.passed and "record edited by hand" in second.summary(),
+                   "depth_band" in str(third.value)])
+    record("edited registration record", 3, blocked)
+    assert blocked == 3, (first.summary(), second.summary())
+    assert frozen_differences({"manifest_sha256": "a" * 64}, {"manifest_sha256": "b" * 64})
+
+
+def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(settings, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from fear_assets.lm.integrity import ModelIntegrityError, verify_model_directory
+    from fear_assets.lm.models import ModelSpec, manifest, manifest_digest
+    from fear_assets.registration.record import frozen_differences
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    directory = tmp_path / "tiny-model"
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    spec = ModelSpec(str(directory), "float32", 512, "sdpa")
+    registered = manifest(spec)
+    table = lambda m: pd.DataFrame([{"family": "f", "role": "tested", "checkpoint": spec.checkpoint, "file": k,  # noqa: E731
+                                     "sha256": v, "dtype": "float32", "context_window": 512,
+                                     "attn_implementation": "sdpa"} for k, v in m["files"].items()])
+    verify_model_directory(directory, registered["files"], spec.checkpoint)  # intact: passes
+    weights = directory / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # one byte of the last tensor flipped: same size, same name
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ModelIntegrityError, match=r"model\.safetensors: sha256") as exc:
+        verify_model_directory(directory, registered["files"], spec.checkpoint)
+    diffs = frozen_differences({"manifest_sha256": manifest_digest(table(registered))},
+                               {"manifest_sha256": manifest_digest(table(manifest(spec)))})
+    blocked = int("Fix:" in str(exc.value)) + int(bool(diffs) and diffs[0].startswith("manifest_sha256"))
+    record("model weights differ from the manifest", 2, blocked)
+    assert blocked == 2
+
+
+def test_unmasking_before_scoring_is_locked_is_refused():
+    from fear_assets.analysis.unmasking import unmask
+
+    frozen = {"settings_sha256": "s" * 64, "bank_sha256": "b" * 64}
+    key = pd.DataFrame({"condition_code": ["C1"], "condition": ["self_threat"], "agent": ["self"],
+                        "content": ["threat"], "cell_index": [0]})
+    table = pd.DataFrame({"condition_code": ["C1"], "delta": [0.1]})
+    scored = lambda depths, s="s" * 64: pd.DataFrame({"depth": depths, "settings_sha256": s,  # noqa: E731
+                                                       "bank_sha256": "b" * 64})
+    attempts = [(["d1", "d2"], scored(["d1"])), (["d1"], scored(["d1"], "x" * 64))]
+    refused = 0
+    for depths, scores in attempts:
+        with pytest.raises(FreezeError, match="unmasking refused, scoring is not locked"):
+            unmask(table, key, depths, scores, frozen)
+        refused += 1
+    assert "agent" in unmask(table, key, ["d1"], scored(["d1"]), frozen).columns  # locked: it runs
+    record("unmasking before scoring is locked", len(attempts), refused)
