@@ -50,7 +50,9 @@ def summary(ledger: list[FaultRecord]) -> dict:
         if e.test and e.test not in f["tests"]:
             f["tests"].append(e.test)
     total = {k: sum(f[k] for f in faults.values()) for k in ("injected", "survived", "rows_lost", "rows_duplicated")}
-    return {"faults": list(faults.values()), "total": total, "records": [asdict(e) for e in ledger]}
+    return {"faults": list(faults.values()), "total": total, "records": [asdict(e) for e in ledger],
+            "command": "FEAR_FAULTS_REPORT=benchmarks/results/faults.json python -m pytest -m faults -n 0",
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def write_report(path: str | Path, ledger: list[FaultRecord]) -> Path:

@@ -188,6 +188,11 @@ def scoring_job(partition, smol_tokenizer, tmp_path_factory):
     assert result.success
     # The chunks are discarded once the store holds the partition (after the IO manager wrote it).
     assert not (base / "reference_chunks").exists()
+    # Progress in the run log and, as asset observations, in the run's metadata in the UI.
+    observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events
+                if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observed and observed[-1]["documents done"].value == len(requests) == observed[-1]["documents"].value
+    assert {"documents/s", "ETA s", "chunks", "chunks reused"} <= set(observed[-1])
     reference = _stored(base / "reference.duckdb")
     assert len(reference) == len(rows) and (reference.generation == "old").all()
     return job, base, reference, requests
