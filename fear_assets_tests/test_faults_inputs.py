@@ -235,9 +235,29 @@ def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(set
         verify_model_directory(directory, registered["files"], spec.checkpoint)
     diffs = frozen_differences({"manifest_sha256": manifest_digest(table(registered))},
                                {"manifest_sha256": manifest_digest(table(manifest(spec)))})
-    blocked = int("Fix:" in str(exc.value)) + int(bool(diffs) and diffs[0].startswith("manifest_sha256"))
-    record("model weights differ from the manifest", 2, blocked)
-    assert blocked == 2
+    # The pipeline's own gate: model_manifest's check against a registered record (blocking
+    # in confirmatory mode) fails with severity ERROR and names the manifest.
+    import json
+
+    import dagster as dg
+
+    from fear_assets.assets.lm import matches_registration_record
+    from fear_assets.registration.record import analysis_code_sha256
+    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.stimuli.bank import load_bank as _load_bank
+
+    bank = _load_bank(DEFAULT_BANK_DIR, settings)
+    (tmp_path / "registration" / "f").mkdir(parents=True)
+    (tmp_path / "registration" / "f" / "registration_record.json").write_text(json.dumps({
+        "family": "f", "status": "registered", "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
+        "manifest_sha256": manifest_digest(table(registered)), "analysis_code_sha256": analysis_code_sha256()}))
+    check = matches_registration_record(protocol=ProtocolResource(registration_dir=str(tmp_path / "registration")),
+                                        model_manifest=table(manifest(spec)))
+    gate = (not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+            and "manifest_sha256" in check.description)
+    blocked = int("Fix:" in str(exc.value)) + int(bool(diffs) and diffs[0].startswith("manifest_sha256")) + int(gate)
+    record("model weights differ from the manifest", 3, blocked)
+    assert blocked == 3, check.description
 
 
 def test_unmasking_before_scoring_is_locked_is_refused():
