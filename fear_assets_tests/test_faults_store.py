@@ -10,6 +10,7 @@ for real on a 2 MiB tmpfs.
 
 
 import errno
+import hashlib
 import os
 import subprocess
 import sys
@@ -41,8 +42,10 @@ class Rows(dg.Config):
 
 @dg.asset(partitions_def=PARTS, metadata={"partition_expr": "part"})
 def ledger(context: dg.AssetExecutionContext, config: Rows) -> pd.DataFrame:
+    # Hex digests: a payload that compression cannot shrink below what the full disk refuses.
+    payload = [hashlib.sha256(f"{config.generation}{i}".encode()).hexdigest()[:config.width] for i in range(config.n)]
     return pd.DataFrame({"part": context.partition_key, "row": range(config.n), "generation": config.generation,
-                         "payload": ["x" * config.width] * config.n})
+                         "payload": payload})
 
 
 def _write(io_manager, part: str, **config) -> dg.ExecuteInProcessResult:
