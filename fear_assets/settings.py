@@ -492,4 +492,7 @@ def load_settings(path: str | Path = DEFAULT_SETTINGS_PATH) -> ProtocolSettings:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SettingsError(path, "<file>", "<yaml>", f"not valid YAML ({exc})", "fix the YAML syntax at the reported line") from exc
-    return validate_settings(raw, path)
+    from fear_assets.errors import input_boundary  # issue 16: a malformed value is a named error, never a traceback
+
+    with input_boundary(SettingsError, path, "give every section, key and value the shape of the registered file"):
+        return validate_settings(raw, path)

@@ -37,3 +37,13 @@ def bank_copy(tmp_path) -> Path:
     target = tmp_path / "bank"
     shutil.copytree(DEFAULT_BANK_DIR, target)
     return target
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The fault suite's ledger as JSON when ``$FEAR_FAULTS_REPORT`` names a file (issue 16)."""
+    import os
+
+    from fear_assets_tests.faults import LEDGER, REPORT_ENV, write_report
+
+    if os.environ.get(REPORT_ENV) and LEDGER:
+        write_report(os.environ[REPORT_ENV], LEDGER)

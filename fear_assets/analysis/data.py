@@ -58,8 +58,10 @@ def covariate_centres(surprisal: pd.DataFrame, neutral_option: int) -> dict[str,
 
 
 def kept(scores: pd.DataFrame) -> pd.DataFrame:
-    """The trials that no registered reason excludes (4.8; ``exclusions.excluded``)."""
-    return scores[~excluded(scores)]
+    """The trials that no registered reason excludes (4.8; ``exclusions.excluded``) and that
+    have a measurement (no ``nonfinite_logprob`` flag, counted by ``exclusion_rates``)."""
+    unmeasured = scores["nonfinite_logprob"].fillna(False).astype(bool) if "nonfinite_logprob" in scores else False
+    return scores[~excluded(scores) & ~unmeasured]
 
 
 def model_table(scores: pd.DataFrame, surprisal: pd.DataFrame, fears_of: dict[str, str], neutral_option: int,

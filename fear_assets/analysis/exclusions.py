@@ -22,8 +22,12 @@ CELL_COLUMNS = ("block", "agent", "content", "depth")
 #: Recorded per trial but not a reason for exclusion (4.8 names only REASONS): an answer that
 #: cannot fit in the window after a document that does. Counted per cell where scores carry it.
 RECORDED = ("answer_exceeds_context",)
+#: Not a 4.8 exclusion either: a trial whose log-probabilities are not finite numbers (NaN,
+#: infinite) has no measurement. It is flagged by the scoring stage, counted per cell here
+#: and kept out of every model (``data.kept``), never dropped without a count (issue 16).
+UNMEASURED = ("nonfinite_logprob",)
 RATE_COLUMNS = ("trials", "excluded", "excluded_context", "generation_truncated", "answer_exceeds_context",
-                "rate", "flagged")
+                "nonfinite_logprob", "rate", "flagged")
 
 
 def excluded(scores: pd.DataFrame) -> pd.Series:
@@ -66,7 +70,7 @@ def exclusion_rates(scores: pd.DataFrame, cell_columns: Sequence[str] = CELL_COL
                          f"(they have {list(scores.columns)})")
     if scores.empty:
         raise ValueError("scores are empty: there is nothing to rate; materialise the scores first")
-    counted = (*REASONS, *[c for c in RECORDED if c in scores.columns])
+    counted = (*REASONS, *[c for c in (*RECORDED, *UNMEASURED) if c in scores.columns])
     flags = scores[cell_columns].assign(_excluded=excluded(scores).astype(int),
                                         **{f"_{r}": scores[r].fillna(False).astype(bool).astype(int) for r in counted})
     grouped = flags.groupby(cell_columns, dropna=False, sort=True)
@@ -82,7 +86,7 @@ def exclusion_rates(scores: pd.DataFrame, cell_columns: Sequence[str] = CELL_COL
 def without_flagged_cells(data: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
     """The sensitivity data set of 4.8: ``data`` less every row in a flagged cell. The
     primary analysis is never run on this; it is the one reported beside it."""
-    missing_rate = [c for c in RATE_COLUMNS if c not in rates.columns and c not in RECORDED]
+    missing_rate = [c for c in RATE_COLUMNS if c not in rates.columns and c not in (*RECORDED, *UNMEASURED)]
     if missing_rate:
         raise ValueError(f"rates lack {missing_rate}; pass the output of exclusion_rates")
     cell_columns = [c for c in rates.columns if c not in RATE_COLUMNS]

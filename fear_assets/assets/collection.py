@@ -7,6 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.assets.pilot.scoring import scored_rows
+from fear_assets.lm.resumable import discard_chunks
 from fear_assets.assets.steps import score_table, skip_unregistered, trial_table_output
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.accounting import trial_accounting as account
@@ -66,6 +67,7 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
                                    f"{depth}_confirmatory")
     yield dg.Output(result, metadata=metadata)
+    discard_chunks(protocol.cache_dir, family_key, f"{depth}_confirmatory")  # the store holds it now
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "python"},

@@ -23,6 +23,7 @@ from fear_assets.lm.choices import choice_logprobs
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import registry
 from fear_assets.lm.name_gate import selected_names
+from fear_assets.lm.resumable import score_partition
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
 from fear_assets.lm.tokenizers import end_of_turn_ids, family_tokenizers
 from fear_assets.lm.trial_scores import assemble
@@ -46,7 +47,7 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     reduced = family.reduced_design
     names = json.loads(table["selected_names"].iloc[0])
     specs = registry(settings, family_key)
-    parts, all_features, offset = [], [], 0
+    parts, all_features, offset, resumed = [], [], 0, {}
     # One builder for every reader: the distractors are cut in the tested tokenizer once.
     builder = DocumentBuilder(settings, bank, family_key, names,
                               family_tokenizers(settings, family, Path(protocol.cache_dir)))
@@ -55,19 +56,18 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
         model, tokenizer = language_model.load(spec)
         requests = build_requests(rows, bank.templates, builder.document_text,
                                   reduced.branches if reduced is not None else None)
-        last_log = [0.0]
-
-        def progress(done, total, elapsed, reader=reader):
-            if elapsed - last_log[0] >= 15 or done == total:
-                last_log[0] = elapsed
-                rate = done / max(elapsed, 1e-9)
-                context.log.info(f"{family_key} {depth} [{reader}]: {done}/{total} documents, {rate:.2f} docs/s, "
-                                 f"ETA {(total - done) / max(rate, 1e-9):.0f} s")
-
         config = ScoringSettings(spec.context_window, settings.generation.max_new_tokens,
                                  settings.probe.layers_fraction_from)
-        long, readouts, features = score_requests(TeacherForcedEngine(model), tokenizer, requests, config,
-                                                  progress=progress, eos_ids=end_of_turn_ids(tokenizer))
+        engine, eos = TeacherForcedEngine(model), end_of_turn_ids(tokenizer)
+        # Issue 16: finished chunks survive a crash and a rerun scores only what is missing.
+        run = score_partition(context, requests,
+                              lambda reqs, _, engine=engine, tokenizer=tokenizer, config=config, eos=eos:
+                              score_requests(engine, tokenizer, reqs, config, eos_ids=eos),
+                              protocol.cache_dir, family_key, feature_name, reader,
+                              checkpoint=spec.checkpoint, config=vars(config), eos=sorted(eos),
+                              settings=settings.sha256, bank=bank.sha256)
+        long, readouts, features = run.long, run.readouts, run.features
+        resumed[reader] = run.progress.metadata()
         part = assemble(rows, long, readouts)
         part["feature_row"] = np.where(part["feature_row"] >= 0, part["feature_row"] + offset, -1)
         offset += len(features)
@@ -87,10 +87,12 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     return result, {
         "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
         "generation truncated": int(result["generation_truncated"].sum()),
+        "non-finite log-probabilities (flagged, kept out of the models)": int(result["nonfinite_logprob"].sum()),
         "answer cannot fit after the document (recorded, not excluded)": int(result["answer_exceeds_context"].sum()),
         "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
         "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
+        "resumed scoring (per reader)": dg.MetadataValue.json(resumed),
     }
 
 

@@ -35,9 +35,29 @@ def _pivot(long: pd.DataFrame) -> dict[str, dict[str, tuple[float, float, int]]]
     return out
 
 
+def _nonfinite(long: pd.DataFrame, readouts: pd.DataFrame) -> dict[str, list[str]]:
+    """request -> what it read that is not a finite number (NaN or infinite log-probabilities,
+    e.g. a half-precision overflow): such a trial has no measurement, so it is flagged
+    ``nonfinite_logprob`` with the reason, counted, and kept out of every model (issue 16)."""
+    bad: dict[str, list[str]] = {}
+    if len(long):
+        values = long[["mean_logprob", "sum_logprob"]].to_numpy(dtype=float)
+        for r, ok in zip(long.itertuples(index=False), np.isfinite(values).all(axis=1)):
+            if not ok:
+                bad.setdefault(r.request, []).append(f"{r.branch}:{r.label} = {r.mean_logprob}")
+    for r in readouts.to_dict("records"):
+        for key, value in r.items():
+            if key.endswith("_choice_logprobs") and isinstance(value, str) and value:
+                lps = json.loads(value)
+                if lps and not all(math.isfinite(x) for x in lps):
+                    bad.setdefault(r["request"], []).append(f"{key} = {lps}")
+    return bad
+
+
 def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) -> pd.DataFrame:
     """Wide per-trial scores for every trial of ``table`` that was requested."""
     scores = _pivot(long) if len(long) else {}
+    nonfinite = _nonfinite(long, readouts)
     ro = {r["request"]: r for r in readouts.to_dict("records")}
     baseline_request = {row["unit_id"]: row["trial_id"] for row in table.to_dict("records")
                         if row["block_kind"] == "baseline"}
@@ -56,6 +76,12 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
                     "attention_agent": _value(r, "attention_agent", math.nan),
                     "attention_partner": _value(r, "attention_partner", math.nan),
                     "feature_row": int(_value(r, "feature_row", -1))})
+        bad = nonfinite.get(tid, []) + [f"baseline {x}" for x in nonfinite.get(
+            baseline_request.get(row["baseline_unit_id"], ""), [])]
+        rec["nonfinite_logprob"] = bool(bad)
+        if bad:
+            rec["exclusion_reason"] = "; ".join(filter(None, [rec["exclusion_reason"],
+                                                              "non-finite log-probability: " + ", ".join(bad)]))
         own = scores.get(tid, {})
         conts = json.loads(row["continuations"]) if row["continuations"] else {}
         base = scores.get(baseline_request.get(row["baseline_unit_id"], ""), {})
@@ -91,7 +117,7 @@ def assemble(table: pd.DataFrame, long: pd.DataFrame, readouts: pd.DataFrame) ->
         rec["delta_recall"] = ((rec["agent_recall_mean"] - rec["base_agent_recall_mean"])
                                - (rec["partner_recall_mean"] - rec["base_partner_recall_mean"]))
         fc = json.loads(_value(r, "forced_choice_choice_logprobs", "null"))
-        if fc:
+        if fc and all(math.isfinite(x) for x in fc):
             first = int(row["fc_first_listed"])
             la, lb = fc  # A = first-listed option
             p_first = 1.0 / (1.0 + math.exp(lb - la))

@@ -30,6 +30,7 @@ from dagster_duckdb.io_manager import DuckDbClient, _get_cleanup_statement
 from dagster_duckdb_pandas import DuckDBPandasIOManager, DuckDBPandasTypeHandler
 from pydantic import Field
 
+from fear_assets.errors import FearAssetsError
 from fear_assets.settings import DEFAULT_DUCKDB_PATH
 
 DUCKDB_ENV = "FEAR_ASSETS_DUCKDB"
@@ -41,13 +42,33 @@ def duckdb_path() -> str:
     return os.environ.get(DUCKDB_ENV, str(DEFAULT_DUCKDB_PATH))
 
 
+class StoreLockedError(FearAssetsError):
+    """The embedded DuckDB file is held by another writing process (issue 16)."""
+
+
+@contextmanager
+def _lock_named(database: str) -> Iterator[None]:
+    """A second process writing the embedded file: DuckDB refuses the lock (after the stock
+    client's retries, about 100 s); say which file, who holds it and what to change."""
+    try:
+        yield
+    except duckdb.IOException as exc:
+        if "lock" not in str(exc).lower():
+            raise
+        raise StoreLockedError(
+            f"the DuckDB store {database} is held by another writing process ({exc}). The embedded store admits "
+            "one writer at a time: run every writing step in the 'duckdb' pool with its default limit of 1 "
+            "(dagster.yaml concurrency.pools), wait for the other process, or use the multi-writer Parquet store "
+            f"({STORE_ENV}=parquet). Nothing was written") from exc
+
+
 class TransactionalDuckDbClient(DuckDbClient):
     """DuckDbClient whose every connection is one transaction (commit or roll back)."""
 
     @staticmethod
     @contextmanager
     def connect(context, table_slice):
-        with DuckDbClient.connect(context, table_slice) as conn:
+        with _lock_named(context.resource_config["database"]), DuckDbClient.connect(context, table_slice) as conn:
             conn.execute("BEGIN TRANSACTION")
             try:
                 yield conn

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from fear_assets.errors import BankError
+from fear_assets.errors import BankError, input_boundary
 from fear_assets.hashing import canonical_json, sha256_obj
 from fear_assets.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, ProtocolSettings, load_settings
 from fear_assets.stimuli.roles import agent_mentions
@@ -456,6 +456,14 @@ def _check_no_names(items: list[Item], settings: ProtocolSettings) -> None:
 def load_bank(root: str | Path = DEFAULT_BANK_DIR, settings: ProtocolSettings | None = None) -> Bank:
     """Load and validate the bank. Raises :class:`BankError` on the first problem found."""
     settings = settings or load_settings()
+    # A shape the validators did not foresee (a key missing, a value of another type) is a
+    # named error too, never a traceback (issue 16's fuzzed bank).
+    with input_boundary(BankError, root, "give every item the keys and value types of the bank's other items "
+                                         "(see the README's bank section)"):
+        return _load_bank(Path(root), settings)
+
+
+def _load_bank(root: Path, settings: ProtocolSettings) -> Bank:
     root = Path(root)
     templates_path = root / "templates.yaml"
     if not templates_path.is_file():

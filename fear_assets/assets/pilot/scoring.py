@@ -4,6 +4,7 @@ scored at the band depths (4.6, Appendix C step 2)."""
 import dagster as dg
 import pandas as pd
 
+from fear_assets.lm.resumable import discard_chunks
 from fear_assets.assets.steps import score_table
 from fear_assets.design.table import baseline_block_for
 from fear_assets.deploy import GPU_OP_TAGS
@@ -43,6 +44,7 @@ def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     table = scored_rows(settings, family_key, pilot_trial_table)
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth, depth)
     yield dg.Output(result, metadata=metadata)
+    discard_chunks(protocol.cache_dir, family_key, depth)  # the store holds the partition now
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
@@ -71,3 +73,4 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
                                    f"{depth}_pilot_controls")
     yield dg.Output(result, metadata=metadata)
+    discard_chunks(protocol.cache_dir, family_key, f"{depth}_pilot_controls")  # the store holds it now
