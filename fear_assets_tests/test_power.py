@@ -345,3 +345,38 @@ def test_every_analysis_model_in_a_test_sized_simulation(settings, tmp_path):
     t = PowerTargets(**{**PowerTargets.from_settings(settings).__dict__, "frames_start": 5, "frames_max": 5})
     d = decide(labels, t)
     assert all(r["met"] is not None for r in d["targets"]), [r["target"] for r in d["targets"] if r["met"] is None]
+
+
+def test_pilot_estimates_of_h4_and_h5_from_their_fits(settings):
+    """The pilot estimates H4 and H5 are generated from: posterior means of each model's fit
+    (fake posteriors with known means), and the pilot rows H5 is fitted on."""
+    import arviz as az
+
+    from fear_assets.simulation import models
+
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
+    table, d4 = models.h4_design(design)
+    p, n = len(d4.names), 10
+    ones = lambda *shape: np.ones((2, n, *shape))  # noqa: E731
+    post = {"intercept": 0.5 * ones(), "beta": 0.1 * ones(p), "frame_chol_stds": 0.2 * ones(6),
+            "frame_chol_corr": np.broadcast_to(np.eye(6), (2, n, 6, 6)).copy(), "unit_sd": 0.3 * ones(),
+            "sigma": 0.4 * ones(), "nu": 9.0 * ones(), "document_sd": 0.25 * ones()}
+    h4 = models.h4_pilot_estimates(az.from_dict(posterior=post), d4)
+    assert h4["document_sd"] == pytest.approx(0.25) and h4["sigma"] == pytest.approx(0.4)
+    assert PilotEstimates.from_dict(h4).frame_sd == pytest.approx((0.2,) * 6)
+    with pytest.raises(ValueError, match="document"):
+        models.h4_pilot_estimates(az.from_dict(posterior=post), design.data)
+    h5post = {"criterion_intercept": 0.1 * ones(), "criterion_beta": 0.2 * ones(6), "criterion_frame_sd": 0.3 * ones(),
+              "dprime": np.broadcast_to(np.arange(6.0), (2, n, 6)).copy(), "dprime_frame_chol_stds": 0.4 * ones(6)}
+    h5 = models.h5_estimates(az.from_dict(posterior=h5post))
+    assert (h5.criterion_intercept, h5.position, h5.criterion_frame_sd, h5.dprime) == pytest.approx((0.1, 0.2, 0.3, 2.5))
+    scores = design.table.assign(fc_choice=[1, 2, 0] * (design.rows // 3), content_option=design.table["option"],
+                                 item_id=design.table["frame"], excluded_context=False,
+                                 generation_truncated=[True] + [False] * (design.rows - 1))
+    from fear_assets.analysis.data import kept
+
+    rows = models.h5_pilot_rows(scores, "d1")
+    assert len(rows) == len(kept(scores)[kept(scores)["fc_choice"].isin([1, 2])])
+    assert set(rows["shown_option"]) == {1, 2}
+    with pytest.raises(ValueError, match="H5 depth"):
+        models.h5_pilot_rows(scores, "d7")

@@ -215,3 +215,44 @@ def shared_primary(design: SimulatedDesign, est: PilotEstimates, beta: np.ndarra
 __all__ = ["H5Estimates", "h5_estimates", "pilot_residual_sd", "control_tables", "addressee_design",
            "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "shared_primary",
            "AddresseeDesign"]
+
+
+def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str) -> pd.DataFrame:
+    """The pilot's forced choices at the H5 depth as ``prepare_h5`` reads them (the same rows
+    ``analysis.confirmatory.h5`` takes: 4.8's exclusions out, choices 1 or 2; the pilot has no
+    content-removed block, so only the criterion's cells inform it). ``pilot_primary``: the
+    unmasked pilot primary scores (agent, content, depth, fc_choice, content_option,
+    fc_first_listed, item_id)."""
+    from fear_assets.analysis.data import kept
+
+    fc = kept(pilot_primary)
+    fc = fc[(fc["depth"] == h5_depth) & fc["fc_choice"].astype(int).isin([1, 2])]
+    if fc.empty:
+        raise ValueError(f"no pilot forced choices at the H5 depth {h5_depth!r}: score the pilot at that depth")
+    return fc.assign(shown_option=fc["content_option"].astype(int), chose_option1=fc["fc_choice"].astype(int) == 1,
+                     option1_first=fc["fc_first_listed"].astype(int) == 1, frame=fc["item_id"])
+
+
+def h5_pilot_estimates(rows: pd.DataFrame, priors, draws: int, tune: int, chains: int, seed: int) -> H5Estimates:
+    """6.3's pilot estimates of H5's probit: the registered model (``build_h5_model``) fitted to
+    the pilot's forced choices, posterior means."""
+    from fear_assets.analysis.data import AGENTS, CONTENTS
+    from fear_assets.analysis.h5_model import build_h5_model, prepare_h5
+    from fear_assets.analysis.primary_model import sample
+
+    cells = [(a, c) for a in AGENTS for c in CONTENTS]
+    idata = sample(build_h5_model(prepare_h5(rows, cells), priors), draws, tune, chains, seed)
+    return h5_estimates(idata)
+
+
+def h4_pilot_estimates(idata, d: PrimaryData) -> dict:
+    """6.3's pilot estimates of H4's model (``PilotEstimates.h4``): posterior means of the
+    pilot's H4 fit (the primary model on probe log-odds, ``prepare(..., document=...)``) plus
+    its document-intercept SD."""
+    from fear_assets.analysis.primary_model import posterior_draws
+    from fear_assets.simulation.generator import pilot_estimates
+
+    if d.document is None:
+        raise ValueError("H4's pilot fit has no document index: prepare it with document='document'")
+    est = pilot_estimates(idata, d, {})
+    return {**est.as_dict(), "document_sd": float(posterior_draws(idata, "document_sd").mean())}
