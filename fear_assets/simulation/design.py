@@ -90,5 +90,5 @@ def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n
     h5 = h5_depth if h5_depth is not None else list(band)[-1]
     if h5 not in depth_keys:
         raise ValueError(f"H5 depth {h5!r} is not among the design's depths {list(depth_keys)}")
-    return SimulatedDesign(table, d, tuple(band), n_frames, addressee_design(settings, depth_keys, band, n_frames, seed),
-                           h5)
+    addressee = addressee_design(settings, depth_keys, band, n_frames, seed)
+    return SimulatedDesign(table, d, tuple(band), n_frames, addressee, h5)

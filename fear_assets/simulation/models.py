@@ -200,7 +200,8 @@ def h5_table(rows: pd.DataFrame, cells: Sequence[tuple[str, str]], h5: H5Estimat
     crit_frame = rng.normal(size=d.n_frames) * h5.criterion_frame_sd
     beta = np.zeros(d.X.shape[1])
     beta[0] = h5.position
-    eta = h5.criterion_intercept + d.X @ beta + crit_frame[d.frame] + 0.5 * (dprime[d.cell] + dp_frame[d.frame, d.cell]) * d.s
+    criterion = h5.criterion_intercept + d.X @ beta + crit_frame[d.frame]
+    eta = criterion + 0.5 * (dprime[d.cell] + dp_frame[d.frame, d.cell]) * d.s
     return rows.assign(chose_option1=rng.random(len(rows)) < ndtr(eta))
 
 
