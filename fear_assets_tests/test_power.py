@@ -244,3 +244,140 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
                                    )
     with pytest.raises(ValueError, match="not part of family smollm2-135m"):
         power_simulation(wrong, protocol=protocol, power_pilot_estimates=est)
+
+
+# --- every analysis model the reading needs (H4, H5, gates (a)-(c), the four controls) ------
+def _all_estimates(sigma: float = 0.05) -> PilotEstimates:
+    """Pilot estimates with every block's: H4's (log-odds scale, a document SD), H5's probit,
+    the judge's residual SD and all four controls."""
+    base = _estimates(sigma)
+    h4 = {**_estimates(0.1).as_dict(), "document_sd": 0.1}
+    h5 = {"criterion_intercept": 0.0, "position": 0.1, "criterion_frame_sd": 0.2, "dprime": 1.0,
+          "dprime_frame_sd": [0.2] * 6}
+    return PilotEstimates(base.intercept, base.beta, base.frame_sd, base.frame_corr, base.unit_sd, base.sigma,
+                          base.nu, base.covariate_sd, {**base.controls, "addressee_name": 0.3}, h4, h5, 0.08)
+
+
+def test_estimates_round_trip_and_old_records_read(settings):
+    est = _all_estimates()
+    assert PilotEstimates.from_dict(est.as_dict()) == est
+    old = _estimates().as_dict()  # a record stored before H4/H5 existed: the same bytes, read back
+    assert "h5" not in old and PilotEstimates.from_dict(old).h5 is None
+
+
+def test_each_model_generator_plants_its_effect(settings):
+    """Without sampling: the generated truths are the registered contrasts of each model."""
+    from fear_assets.analysis.controls import addressee_contrast
+    from fear_assets.analysis.h5_model import prepare_h5
+    from fear_assets.simulation import models
+
+    design = simulated_design(settings, ["d1", "d2"], ["d2"], 5, (0.2, 0.2), seed=3)
+    est = _all_estimates()
+    ad = design.addressee
+    assert set(ad.table["agent"]) == {"addressee", "other_person"} and ad.data.covariates == ()
+    assert len(ad.table) == 5 * 3 * 2 * 2 * 4 and design.h5_depth == "d2"
+    # addressee: noise-free outcomes (zero variance components) give exactly the pilot contrast
+    quiet = PilotEstimates(0.0, {}, (1e-9,) * 6, tuple(map(tuple, np.eye(6))), 1e-9, 1e-9, 8.0, (0.2, 0.2), {})
+    table = models.addressee_table(ad, quiet, 0.3, 1.5, np.random.default_rng(0))
+    cells = table.groupby(["agent", "content"])["outcome"].mean()
+    assert addressee_contrast({k: np.array([v]) for k, v in cells.items()})[0] == pytest.approx(0.3, abs=1e-6)
+    # gate (c): the judge block shares the primary block's frame effects and has no H2
+    beta = true_beta(est, design.data, design.band, agent_effects(0.3))
+    primary, frames = models.shared_primary(design, est, beta, 1.5, np.random.default_rng(1))
+    again = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(1))
+    assert np.array_equal(primary.y, again.y)  # the same draws as before frames were shared
+    judge = models.judge_table(design, est, frames, 0.08, 1.5, np.random.default_rng(2))
+    np.testing.assert_allclose(judge["outcome"].to_numpy(), simulate_block(
+        design.data, est, true_beta(est, design.data, design.band, agent_effects(0.0)), 0.0, 1.5,
+        np.random.default_rng(2), frames=frames).y * 0.08 / models.pilot_residual_sd(est))
+    # H4: two content versions per document, each document's rows share the document index
+    table4, d4 = models.h4_design(design)
+    assert len(table4) == 2 * design.rows and d4.n_documents == design.rows and set(table4["option"]) == {1, 2}
+    y4 = models.h4_table(table4, d4, est, design.band, 0.3, 1.5, np.random.default_rng(3))["log_odds"]
+    assert y4.notna().all() and y4.std() > 0
+    # H5: forced choices at the H5 depth plus content-removed trials; d'(self) difference planted
+    rows = models.h5_rows(design, "d2")
+    assert len(rows) == 2 * 5 * 3 * 2 * 6 and set(rows["shown_option"]) == {0, 1, 2}
+    cells5 = [(a, c) for a in ("self", "peer", "person") for c in ("threat", "harmless")]
+    h5 = models.H5Estimates(0.0, 0.0, 0.0, 1.0, (0.0,) * 6)
+    big = pd.concat([rows] * 40, ignore_index=True)
+    accuracy = {}
+    for size in (0.0, 2.0):
+        sim = models.h5_table(big, cells5, h5, size, 1.5, np.random.default_rng(4))
+        shown = sim[sim["shown_option"] > 0]
+        correct = shown["chose_option1"] == (shown["shown_option"] == 1)
+        acc = correct.groupby([shown["agent"], shown["content"]]).mean()
+        accuracy[size] = acc[("self", "threat")] - acc[("self", "harmless")]
+        prepare_h5(sim, cells5)  # the analysis code reads the generated table
+    assert abs(accuracy[0.0]) < 0.05 and accuracy[2.0] > 0.3
+    with pytest.raises(ValueError, match="H5 depth"):
+        models.h5_rows(design, "d9")
+
+
+def test_blocks_without_pilot_estimates_are_not_simulated_never_met(settings):
+    from fear_assets.simulation.runner import not_simulated
+
+    missing = not_simulated(_estimates(), ("primary", "probe", "forced_choice", "control_addressee_name"))
+    assert set(missing) >= {"H4", "H5", "control_addressee_name", "gate_c", "gate_a", "gate_b"}
+    assert not not_simulated(_all_estimates(), tuple(__import__(
+        "fear_assets.simulation.generator", fromlist=["x"]).PRIMARY_MODEL_BLOCKS))
+
+
+@pytest.mark.slow
+def test_every_analysis_model_in_a_test_sized_simulation(settings, tmp_path):
+    """Every block fitted by its registered model (5 frames, one depth, short sampler): the
+    planted meaningful effect is recovered, nothing is Supported at zero, the controls pass,
+    and the registered targets are computable for every component."""
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
+    fitter = Fitter(Priors.from_settings(settings), draws=150, tune=150, chains=2)
+    rules = Rules.from_settings(settings)
+    est = _all_estimates()
+    labels = pd.concat([run_batch(fitter, design, est, rules, "f", s, range(1), settings.master_seed)
+                        for s in ("meaningful", "null")], ignore_index=True)
+    contrasts = {"H1", "H2", "H3", "H4", "H5", "gate_a", "gate_b", "gate_c", "control_addressee_name",
+                 "control_instructed_interaction", "control_instructed_priority", "control_marked_priority"}
+    assert set(labels["contrast"]) == contrasts and len(labels) == 2 * len(contrasts)
+    m = labels[labels["scenario"] == "meaningful"].set_index("contrast")
+    covered = (m["hdi_low"] < m["truth"]) & (m["truth"] < m["hdi_high"])
+    assert covered.mean() >= 10 / 12, m[["truth", "mean", "hdi_low", "hdi_high"]]
+    z = labels[(labels["scenario"] == "null") & ~labels["contrast"].str.startswith("control_")]
+    assert not (z["label"] == "supported").any()
+    assert labels[["rhat", "ess_bulk", "divergences"]].notna().all().all()
+    t = PowerTargets(**{**PowerTargets.from_settings(settings).__dict__, "frames_start": 5, "frames_max": 5})
+    d = decide(labels, t)
+    assert all(r["met"] is not None for r in d["targets"]), [r["target"] for r in d["targets"] if r["met"] is None]
+
+
+def test_pilot_estimates_of_h4_and_h5_from_their_fits(settings):
+    """The pilot estimates H4 and H5 are generated from: posterior means of each model's fit
+    (fake posteriors with known means), and the pilot rows H5 is fitted on."""
+    import arviz as az
+
+    from fear_assets.simulation import models
+
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
+    table, d4 = models.h4_design(design)
+    p, n = len(d4.names), 10
+    ones = lambda *shape: np.ones((2, n, *shape))  # noqa: E731
+    post = {"intercept": 0.5 * ones(), "beta": 0.1 * ones(p), "frame_chol_stds": 0.2 * ones(6),
+            "frame_chol_corr": np.broadcast_to(np.eye(6), (2, n, 6, 6)).copy(), "unit_sd": 0.3 * ones(),
+            "sigma": 0.4 * ones(), "nu": 9.0 * ones(), "document_sd": 0.25 * ones()}
+    h4 = models.h4_pilot_estimates(az.from_dict(posterior=post), d4)
+    assert h4["document_sd"] == pytest.approx(0.25) and h4["sigma"] == pytest.approx(0.4)
+    assert PilotEstimates.from_dict(h4).frame_sd == pytest.approx((0.2,) * 6)
+    with pytest.raises(ValueError, match="document"):
+        models.h4_pilot_estimates(az.from_dict(posterior=post), design.data)
+    h5post = {"criterion_intercept": 0.1 * ones(), "criterion_beta": 0.2 * ones(6), "criterion_frame_sd": 0.3 * ones(),
+              "dprime": np.broadcast_to(np.arange(6.0), (2, n, 6)).copy(), "dprime_frame_chol_stds": 0.4 * ones(6)}
+    h5 = models.h5_estimates(az.from_dict(posterior=h5post))
+    assert (h5.criterion_intercept, h5.position, h5.criterion_frame_sd, h5.dprime) == pytest.approx((0.1, 0.2, 0.3, 2.5))
+    scores = design.table.assign(fc_choice=[1, 2, 0] * (design.rows // 3), content_option=design.table["option"],
+                                 item_id=design.table["frame"], excluded_context=False,
+                                 generation_truncated=[True] + [False] * (design.rows - 1))
+    from fear_assets.analysis.data import kept
+
+    rows = models.h5_pilot_rows(scores, "d1")
+    assert len(rows) == len(kept(scores)[kept(scores)["fc_choice"].isin([1, 2])])
+    assert set(rows["shown_option"]) == {1, 2}
+    with pytest.raises(ValueError, match="H5 depth"):
+        models.h5_pilot_rows(scores, "d7")

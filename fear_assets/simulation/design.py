@@ -20,7 +20,7 @@ import pandas as pd
 
 from fear_assets.analysis.data import AGENTS, CONTENTS
 from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, prepare
-from fear_assets.design.trials import content_option
+from fear_assets.design.trials import content_option, forced_choice_first_listed
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class SimulatedDesign:
     data: PrimaryData
     band: tuple[str, ...]
     n_frames: int
+    #: The addressee control's own block (``models.AddresseeDesign``) on the same frames.
+    addressee: object = None
+    #: The registered H5 depth (H5's forced choices are read there).
+    h5_depth: str | None = None
 
     @property
     def rows(self) -> int:
@@ -38,13 +42,15 @@ class SimulatedDesign:
 
 
 def design_table(settings, depth_keys: Sequence[str], n_frames: int, fears: Sequence[str],
-                 covariate_sd: Sequence[float], seed: int) -> pd.DataFrame:
-    """One row per primary trial: frame x rotation x order x depth x cell (D2's primary block)."""
+                 covariate_sd: Sequence[float], seed: int, cell_set: str = "primary") -> pd.DataFrame:
+    """One row per trial: frame x rotation x order x depth x cell (D2's primary block, or the
+    block of registered cell set ``cell_set``: the addressee control's own cells), with the
+    forced-choice listing order of 4.1/4.5 (H5's position term)."""
     if n_frames <= 0 or n_frames % len(fears):
         raise ValueError(f"frame count {n_frames} must be a positive multiple of the {len(fears)} fear classes "
                          f"(6.3 adds frames in blocks of 10, 2 per fear): pass one of 50, 60, ... 100")
     rng = np.random.default_rng(seed)
-    cells = [tuple(c) for c in settings.cell_set("primary")]
+    cells = [tuple(c) for c in settings.cell_set(cell_set)]
     rows = []
     for f, rotation, order, (k, depth) in itertools.product(range(n_frames), sorted(settings.rotations),
                                                              settings.orders, enumerate(depth_keys, start=1)):
@@ -54,6 +60,7 @@ def design_table(settings, depth_keys: Sequence[str], n_frames: int, fears: Sequ
             rows.append({"frame": frame, "fear": fear, "rotation": rotation, "order": order, "depth": depth,
                          "agent": agent, "content": content,
                          "option": content_option(settings, rotation, order, k, cell_index),
+                         "fc_first_listed": forced_choice_first_listed(settings, f + 1, rotation, order, k),
                          "unit": f"{frame}|r{rotation}|o{order}|{depth}"})
     table = pd.DataFrame(rows)
     for name, sd in zip(COVARIATES, covariate_sd):
@@ -68,13 +75,20 @@ def levels(settings, depth_keys: Sequence[str], fears: Sequence[str]) -> dict[st
 
 
 def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int,
-                     covariate_sd: Sequence[float], seed: int) -> SimulatedDesign:
+                     covariate_sd: Sequence[float], seed: int, h5_depth: str | None = None) -> SimulatedDesign:
     """The design at ``n_frames`` frames over ``depth_keys`` (the family's registered depths);
-    ``band`` is the registered depth band over which H1-H3 are averaged."""
+    ``band`` is the registered depth band over which H1-H3 are averaged; ``h5_depth`` the
+    registered H5 depth (None: the band's deepest depth, the pilot's rule not yet run)."""
+    from fear_assets.simulation.models import addressee_design
+
     fears = list(settings.fears)
     missing = [b for b in band if b not in depth_keys]
     if missing:
         raise ValueError(f"band depths {missing} are not among the design's depths {list(depth_keys)}")
     table = design_table(settings, depth_keys, n_frames, fears, covariate_sd, seed)
     d = prepare(table.assign(delta=0.0), levels(settings, depth_keys, fears))
-    return SimulatedDesign(table, d, tuple(band), n_frames)
+    h5 = h5_depth if h5_depth is not None else list(band)[-1]
+    if h5 not in depth_keys:
+        raise ValueError(f"H5 depth {h5!r} is not among the design's depths {list(depth_keys)}")
+    addressee = addressee_design(settings, depth_keys, band, n_frames, seed)
+    return SimulatedDesign(table, d, tuple(band), n_frames, addressee, h5)

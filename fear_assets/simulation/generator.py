@@ -8,11 +8,12 @@ content and agent-x-content coefficients (constant over depth; their depth inter
 set to zero), solved from the registered contrasts themselves so that H1 = H2 = H3 = the
 scenario's size (D7: at 0.30, self 0.50, peer 0.20, person 0.20).
 
-Blocks of one dataset that the primary model generates (D7): primary Delta (H1-H3), recall
-Delta (gate b), service relevance (gate a), and three positive controls whose contrasts are
-differences against the primary block (instructed interaction, instructed priority, marked
-priority), each at its pilot estimate. Every block draws its own frame, unit and residual
-effects from the same pilot estimates.
+Blocks of one dataset (D7; every analysis model the reading needs): primary Delta (H1-H3),
+recall Delta (gate b), service relevance (gate a), each the primary model on its own block
+with its own frame, unit and residual draws; the blocks of ``models`` (controls 2-4 in one
+joint fit with the matched primary cells, sharing the primary block's frame effects; the
+addressee control on its own cells; gate (c)'s judge block; H4's probe log-odds; H5's forced
+choices). Controls carry their pilot estimates, not the scenario.
 """
 
 from __future__ import annotations
@@ -27,24 +28,23 @@ from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, cell_mea
 SCENARIOS = ("meaningful", "null", "sesoi")
 AGENT_ORDER = ("self", "peer", "person")
 
-#: Blocks of one simulated dataset fitted with the primary model: name -> (what it tests, how
-#: its truth derives from the scenario). Controls carry their pilot estimate, not the scenario.
+#: Blocks of one simulated dataset: name -> what it tests (the name is kept from the release
+#: that fitted only primary-model blocks; the asset layer reads it as the list of blocks).
 PRIMARY_MODEL_BLOCKS = {
     "primary": "H1-H3 on Delta",
     "recall": "gate (b): H2 on the recall branch",
     "service_relevance": "gate (a): H2 in the service-relevance condition",
-    "control_instructed_interaction": "positive control 2 (pilot estimate)",
-    "control_instructed_priority": "positive control 3 (pilot estimate)",
-    "control_marked_priority": "positive control 4 (pilot estimate)",
+    "control_instructed_interaction": "positive control 2 (pilot estimate), joint fit with the primary cells",
+    "control_instructed_priority": "positive control 3 (pilot estimate), joint fit with the primary cells",
+    "control_marked_priority": "positive control 4 (pilot estimate), joint fit with the primary cells",
+    "control_addressee_name": "positive control 1 (pilot estimate), its own cells",
+    "judge": "gate (c): the joint tested/judge model",
+    "probe": "H4: the primary model on probe log-odds",
+    "forced_choice": "H5: the hierarchical probit at the H5 depth",
 }
-#: Blocks D7 lists whose generators are not part of this release; their targets are reported
-#: as not simulated (never as met).
-NOT_SIMULATED = {
-    "H4": "probe log-odds model (6.1) generator not implemented yet",
-    "H5": "hierarchical probit (6.1) generator not implemented yet",
-    "gate_c": "joint tested/judge model (6.2) generator not implemented yet",
-    "control_addressee_name": "addressee/other-person cells (different design) not implemented yet",
-}
+#: Blocks with no generator in this release (none since every analysis model is simulated);
+#: a block whose pilot estimates are missing is listed by ``runner.not_simulated``.
+NOT_SIMULATED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -61,18 +61,30 @@ class PilotEstimates:
     covariate_sd: tuple[float, ...]
     #: Pilot contrasts of the positive controls simulated here (control name -> mean).
     controls: Mapping[str, float]
+    #: H4's pilot estimates on the log-odds scale (an ``as_dict`` of the pilot H4 fit's
+    #: estimates plus ``document_sd``); None: H4 is not simulated (no pilot probe fit).
+    h4: Mapping | None = None
+    #: H5's pilot estimates (``models.H5Estimates.as_dict``); None: H5 is not simulated.
+    h5: Mapping | None = None
+    #: The judge's pilot residual SD (gate (c)'s judge scale); None: the tested model's.
+    judge_sigma: float | None = None
 
     def as_dict(self) -> dict:
-        return {"intercept": self.intercept, "beta": dict(self.beta), "frame_sd": list(self.frame_sd),
-                "frame_corr": [list(r) for r in self.frame_corr], "unit_sd": self.unit_sd, "sigma": self.sigma,
-                "nu": self.nu, "covariate_sd": list(self.covariate_sd), "controls": dict(self.controls)}
+        out = {"intercept": self.intercept, "beta": dict(self.beta), "frame_sd": list(self.frame_sd),
+               "frame_corr": [list(r) for r in self.frame_corr], "unit_sd": self.unit_sd, "sigma": self.sigma,
+               "nu": self.nu, "covariate_sd": list(self.covariate_sd), "controls": dict(self.controls)}
+        for key in ("h4", "h5", "judge_sigma"):  # absent keys keep earlier stored estimates byte-identical
+            if getattr(self, key) is not None:
+                out[key] = dict(getattr(self, key)) if key != "judge_sigma" else float(self.judge_sigma)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "PilotEstimates":
         return cls(float(d["intercept"]), {k: float(v) for k, v in d["beta"].items()},
                    tuple(float(x) for x in d["frame_sd"]), tuple(tuple(float(x) for x in r) for r in d["frame_corr"]),
                    float(d["unit_sd"]), float(d["sigma"]), float(d["nu"]),
-                   tuple(float(x) for x in d["covariate_sd"]), {k: float(v) for k, v in d["controls"].items()})
+                   tuple(float(x) for x in d["covariate_sd"]), {k: float(v) for k, v in d["controls"].items()},
+                   d.get("h4"), d.get("h5"), None if d.get("judge_sigma") is None else float(d["judge_sigma"]))
 
 
 def pilot_estimates(idata, data: PrimaryData, controls: Mapping[str, float]) -> PilotEstimates:
@@ -142,11 +154,22 @@ def frame_covariance(est: PilotEstimates, inflation: float) -> np.ndarray:
     return np.outer(sd, sd) * np.array(est.frame_corr, dtype=float)
 
 
-def simulate_block(d: PrimaryData, est: PilotEstimates, beta: np.ndarray, shift: float, inflation: float,
-                   rng: np.random.Generator) -> PrimaryData:
-    """One block's outcomes on the fixed design ``d`` (only ``y`` differs)."""
+def draw_frame_effects(est: PilotEstimates, inflation: float, n_frames: int, rng: np.random.Generator,
+                       n_effects: int | None = None) -> np.ndarray:
+    """Frame effects (frames x effects) at the pilot's covariance, slopes inflated; the first
+    ``n_effects`` of them where a design has fewer agents (the addressee control: four)."""
     cov = frame_covariance(est, inflation)
-    frames = rng.multivariate_normal(np.zeros(len(cov)), cov, size=d.n_frames, method="cholesky")
+    k = len(cov) if n_effects is None else int(n_effects)
+    return rng.multivariate_normal(np.zeros(k), cov[:k, :k], size=n_frames, method="cholesky")
+
+
+def simulate_block(d: PrimaryData, est: PilotEstimates, beta: np.ndarray, shift: float, inflation: float,
+                   rng: np.random.Generator, frames: np.ndarray | None = None) -> PrimaryData:
+    """One block's outcomes on the fixed design ``d`` (only ``y`` differs). ``frames``: frame
+    effects shared with another block of the same dataset (the joint two-block model's
+    structure: a frame's effects are the same in both blocks); drawn here when None."""
+    if frames is None:
+        frames = draw_frame_effects(est, inflation, d.n_frames, rng, d.Z.shape[1])
     units = rng.normal(0.0, est.unit_sd, size=d.n_units)
     mean = est.intercept + shift + d.X @ beta + (d.Z * frames[d.frame]).sum(axis=1) + units[d.unit]
     y = mean + est.sigma * rng.standard_t(est.nu, size=len(mean))

@@ -12,6 +12,7 @@ Wiring only; the science is in ``fear_assets.simulation`` (registered code hash)
 """
 
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -96,6 +97,15 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
     est = pilot_estimates(fit.idata, fit.data, controls)
+    if settings.family(family_key).role != "embedded":  # issue 11: H5's probit at the pilot (the demo fits no H5)
+        from fear_assets.analysis.h5_model import H5Priors
+        from fear_assets.simulation.models import h5_pilot_estimates, h5_pilot_rows
+
+        s = _sampler(settings, family_key)
+        h5_rows = h5_pilot_rows(_pilot_unmasked(rows, assignment_key), f"d{int(pilot_depths['h5_depth'].iloc[0])}")
+        h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
+                                int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
+        est = dataclasses.replace(est, h5=h5.as_dict())
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
                          "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"]}])
     return dg.Output(out, metadata={"band": ",".join(band), "pilot trials": len(table),
