@@ -22,6 +22,7 @@ import pandas as pd
 
 from fear_assets.analysis.data import model_table
 from fear_assets.analysis.fits import fit_cells
+from fear_assets.analysis.h5_model import H5Priors
 from fear_assets.analysis.primary_model import Fitter, Priors
 from fear_assets.analysis.unmasking import unmask_pilot
 from fear_assets.hashing import derived_seed
@@ -33,6 +34,7 @@ from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import NOT_SIMULATED
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
 from fear_assets.simulation.generator import pilot_estimates
+from fear_assets.simulation.models import h5_pilot_estimates, h5_pilot_rows
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
 from fear_assets.simulation.store import read_batches
@@ -42,6 +44,7 @@ from fear_assets.partitions import (BATCH, FAMILY_EXPR, all_depths_of_family, fa
                                     power_partitions)
 from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.settings import depth_key
 
 
 def _sampler(settings, family_key: str) -> dict:
@@ -98,11 +101,8 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
     est = pilot_estimates(fit.idata, fit.data, controls)
     if settings.family(family_key).role != "embedded":  # issue 11: H5's probit at the pilot (the demo fits no H5)
-        from fear_assets.analysis.h5_model import H5Priors
-        from fear_assets.simulation.models import h5_pilot_estimates, h5_pilot_rows
-
         s = _sampler(settings, family_key)
-        h5_rows = h5_pilot_rows(_pilot_unmasked(rows, assignment_key), f"d{int(pilot_depths['h5_depth'].iloc[0])}")
+        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])))
         h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
                                 int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
         est = dataclasses.replace(est, h5=h5.as_dict())
