@@ -44,3 +44,9 @@ def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
 
 jobs = [foundation_job]
 defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=jobs, resources=resources())
+
+# Issue 15: the Stage 2 report (per family and across families) and the data record (Appendix B).
+from fear_assets.assets import report as report_assets  # noqa: E402
+
+all_assets += [report_assets.stage2_report, report_assets.stage2_report_all, report_assets.data_record]
+defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=jobs, resources=resources())

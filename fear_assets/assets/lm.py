@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import dagster as dg
+
+from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
 import numpy as np
 import pandas as pd
 
@@ -50,6 +52,7 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
         "passed": result.passed,
         "verdict": result.message,
         "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
+        "names x tokenizers x forms (SPLIT: more than one token)": dg.MetadataValue.md(report_plots.name_gate_table(table, settings.names).to_markdown()),  # issue 15
     })
 
 

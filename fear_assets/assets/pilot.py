@@ -4,6 +4,8 @@ import json
 import time
 
 import dagster as dg
+
+from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
 import pandas as pd
 
 from fear_assets.analysis.data import kept
@@ -107,6 +109,7 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     confirmatory = verdicts[verdicts["frame_set"] == "confirmatory"]
     drop = confirmatory.groupby("fear")["passes"].apply(lambda s: 1 - s.mean()).round(3)
     return dg.Output(table, metadata={
+        "matching differences per frame (plot)": report_plots.metadata_image(report_plots.matching_plot(table, float(rule["max_abs_difference"])), "matching differences per frame against the tolerance"),  # issue 15
         "retained confirmatory frames": int(table["selected"].sum()),
         "frames passing under tested and base (base-vs-assistant comparison)":
             ", ".join(both) if len(base_sentence_surprisal) else "no base checkpoint",
@@ -278,6 +281,7 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
                             selected=verdicts["item_id"].isin(set(selection["item_id"])))
     failing = verdicts[~verdicts["passes"]]
     return dg.Output(table, metadata={
+        "binding pass rates (plot)": report_plots.metadata_image(report_plots.binding_plot(table, float(rule["pass_rate_min"])), "binding pass rates"),  # issue 15
         "in-context pass rate": dg.MetadataValue.float(float(rate)) if correct else "not scored",
         "in-context": in_context_message,
         "frames failing a single-sentence check": int(len(failing)),

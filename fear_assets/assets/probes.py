@@ -3,6 +3,8 @@
 import os
 
 import dagster as dg
+
+from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
 import numpy as np
 import pandas as pd
 
@@ -93,6 +95,7 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, scores
     shown = controls[["frame_set", "probe", "accuracy", "interval_low", "interval_high", "excludes_chance"]]
     yield dg.Output(outputs, output_name="probe_outputs", metadata={
         "documents": len(outputs), "mean accuracy": round(float(outputs["correct"].mean()), 4),
+        "probe accuracy by depth with controls (plot)": report_plots.metadata_image(report_plots.probe_accuracy_plot(outputs, controls), "probe accuracy by depth with its controls"),  # issue 15
         "accuracy by depth": dg.MetadataValue.md(
             outputs.groupby(["frame_set", "depth_index"])["correct"].mean().round(3).to_frame().to_markdown()),
     })
