@@ -170,3 +170,22 @@ def test_data_record_joins_every_appendix_b_field_in_collection_order_and_stays_
     data, digest = to_parquet_bytes(rec)
     assert to_parquet_bytes(data_record(_record_inputs()))[1] == digest  # same inputs -> same bytes
     assert pd.read_parquet(io.BytesIO(data)).shape == rec.shape
+
+
+def test_stage2_report_through_dagster_names_its_sources_and_what_is_not_materialised(tmp_path):
+    import dagster as dg
+
+    from fear_assets.definitions import all_assets, all_checks, resources
+
+    instance = dg.DagsterInstance.ephemeral()
+    res = resources(str(tmp_path / "store.duckdb"), cache_dir=str(tmp_path / "cache"))
+    everything = [*all_assets, *all_checks]
+    bank_run = dg.materialize(everything, selection=["frame_bank"], instance=instance, resources=res)
+    result = dg.materialize(everything, selection=["stage2_report"], partition_key="smollm2-135m", instance=instance,
+                            resources=res)
+    (event,) = result.get_asset_materialization_events()
+    path = event.materialization.metadata["report"].value
+    doc = open(path, encoding="utf-8").read()
+    assert f"frame_bank · run {bank_run.run_id}" in doc  # the deviations' bank hash names its run
+    assert "not materialised yet: posteriors" in doc
+    assert "section8_reading" in event.materialization.metadata["not materialised yet"].value

@@ -116,57 +116,89 @@ def _ran_facts(settings, family_key: str, record: dict, posteriors, scores, fram
     return registered, ran
 
 
-def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame],
+def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | None],
                     sources: dict[str, list[Provenance]]):
-    """The report's sections for one family (pure given the stored tables and provenance)."""
+    """The report's sections for one family from whatever is stored: a section whose asset is
+    not materialised yet says so (the report can be read at any stage; nothing is filled in)."""
     from fear_assets.analysis.plots import forest_plot
     from fear_assets.report.stage2 import Section, cite_all, deviations, hypotheses_table
 
-    record = json.loads(tables["registration_record"]["record_json"].iloc[0])
     cite = lambda name: cite_all(sources.get(name, []))
-    reading = tables["reading"].iloc[0]
-    post = tables["posteriors"]
-    hyp = hypotheses_table(post)
-    forest_rows = post[post["kind"].isin(["confirmatory", "gate"]) & (post["status"] == "estimated")]
-    forest = forest_plot(forest_rows[["contrast", "mean", "hdi_low", "hdi_high", "label", "converged"]],
-                         tuple(settings.decision["rope"]), settings.decision["hdi_prob"],
-                         f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)") if len(forest_rows) else None
-    registered, ran = _ran_facts(settings, family_key, record, post, tables["scores"], tables["frame_bank"],
-                                 tables["model_manifest"], tables["matched_frames"], tables["surprisal"], cite)
-    devs = deviations(registered, ran, record.get("deviations", []),
-                      unordered=["confirmatory frames", "models", "settings_sha256", "bank_sha256"])
-    s = tables["scores"]
-    excl = (s.groupby("block")[["excluded_context", "answer_exceeds_context", "generation_truncated"]]
-            .sum().astype(int).reset_index()) if len(s) else pd.DataFrame()
-    reg = pd.DataFrame([{"item": k, "value": json.dumps(record[k]) if isinstance(record[k], (list, dict)) else record[k]}
-                        for k in ("protocol", "protocol_version", "status", "mode", "settings_sha256", "bank_sha256",
-                                  "manifest_sha256", "analysis_code_sha256", "selected_names", "selected_frames",
-                                  "depth_band", "h5_depth", "pilot_sigma", "reduced_design", "stand_in")
-                        if k in record])
-    return [
-        Section("Registration record", f"Record file: {tables['registration_record']['record_path'].iloc[0]}",
-                reg, sources.get("registration_record", [])),
-        Section("Section 8 reading (stated as it fell)",
-                f"Reading: {reading['code']} (decision table row {reading['row']}).\n"
-                f"Qualifiers: {reading['qualifiers'] or 'none'}.\nFlags: {reading['flags'] or 'none'}.",
-                tables["reading"][["code", "row", "h2", "h5", "gate_a", "gate_b", "gate_c", "descriptive_only"]],
-                sources.get("reading", [])),
-        Section("Hypotheses, gates and controls (6.2: 99% HDI, ROPE ±SESOI)",
-                "A label whose fit did not converge is stated as not to be read.", hyp, sources.get("posteriors", []),
-                image_png=forest, image_alt="forest plot of H1-H5 and the gates"),
-        Section("Registration gates (pilot)", "", tables["registration_record"][["gate", "passed", "numbers", "message"]],
-                sources.get("registration_record", [])),
-        Section("Positive controls (4.6)", "", tables["pilot_controls"][["control", "mean", "hdi_low", "hdi_high",
-                                                                          "passed", "reason"]],
-                sources.get("pilot_controls", [])),
-        Section("Probe controls (6.1)", "", tables["probe_controls"][["frame_set", "probe", "accuracy", "interval_low",
-                                                                       "interval_high", "excludes_chance"]],
-                sources.get("probe_controls", [])),
-        Section("Exclusions (4.8)", "Trials flagged, by block.", excl, sources.get("scores", [])),
-        Section("Deviations from the registration", "Computed by comparing the registered record with what ran; "
-                "declared deviations are those the record lists.", devs,
-                [*sources.get("registration_record", []), *sources.get("scores", [])]),
-    ], int(devs["deviates"].sum())
+    have = lambda *names: all(tables.get(n) is not None and len(tables[n]) for n in names)
+    missing = lambda heading, *names: Section(heading, "not materialised yet: " + ", ".join(
+        UPSTREAM[n] for n in names if not have(n)) + f" (family {family_key})")
+    sections, n_dev = [], 0
+    record = json.loads(tables["registration_record"]["record_json"].iloc[0]) if have("registration_record") else None
+    if record is not None:
+        reg = pd.DataFrame([{"item": k, "value": json.dumps(record[k]) if isinstance(record[k], (list, dict))
+                             else record[k]}
+                            for k in ("protocol", "protocol_version", "status", "mode", "settings_sha256",
+                                      "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
+                                      "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "reduced_design",
+                                      "stand_in") if k in record])
+        sections.append(Section("Registration record",
+                                f"Record file: {tables['registration_record']['record_path'].iloc[0]}", reg,
+                                sources.get("registration_record", [])))
+    else:
+        sections.append(missing("Registration record", "registration_record"))
+    if have("reading"):
+        reading = tables["reading"].iloc[0]
+        sections.append(Section(
+            "Section 8 reading (stated as it fell)",
+            f"Reading: {reading['code']} (decision table row {reading['row']}).\n"
+            f"Qualifiers: {reading['qualifiers'] or 'none'}.\nFlags: {reading['flags'] or 'none'}.",
+            tables["reading"][["code", "row", "h2", "h5", "gate_a", "gate_b", "gate_c", "descriptive_only"]],
+            sources.get("reading", [])))
+    else:
+        sections.append(missing("Section 8 reading", "reading"))
+    if have("posteriors"):
+        post = tables["posteriors"]
+        rows = post[post["kind"].isin(["confirmatory", "gate"]) & (post["status"] == "estimated")]
+        forest = forest_plot(rows[["contrast", "mean", "hdi_low", "hdi_high", "label", "converged"]],
+                             tuple(settings.decision["rope"]), settings.decision["hdi_prob"],
+                             f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)") if len(rows) else None
+        sections.append(Section("Hypotheses, gates and controls (6.2: 99% HDI, ROPE ±SESOI)",
+                                "A label whose fit did not converge is stated as not to be read.",
+                                hypotheses_table(post), sources.get("posteriors", []), image_png=forest,
+                                image_alt="forest plot of H1-H5 and the gates"))
+    else:
+        sections.append(missing("Hypotheses, gates and controls", "posteriors"))
+    if record is not None:
+        sections.append(Section("Registration gates (pilot)", "",
+                                tables["registration_record"][["gate", "passed", "numbers", "message"]],
+                                sources.get("registration_record", [])))
+    for name, heading, cols in (
+            ("pilot_controls", "Positive controls (4.6)", ["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]),
+            ("probe_controls", "Probe controls (6.1)", ["frame_set", "probe", "accuracy", "interval_low",
+                                                        "interval_high", "excludes_chance"])):
+        sections.append(Section(heading, "", tables[name][cols], sources.get(name, [])) if have(name)
+                        else missing(heading, name))
+    if have("scores"):
+        s = tables["scores"]
+        excl = s.groupby("block")[["excluded_context", "answer_exceeds_context", "generation_truncated"]] \
+            .sum().astype(int).reset_index()
+        sections.append(Section("Exclusions (4.8)", "Trials flagged, by block.", excl, sources.get("scores", [])))
+    else:
+        sections.append(missing("Exclusions (4.8)", "scores"))
+    needed = ("registration_record", "posteriors", "scores", "frame_bank", "model_manifest", "matched_frames",
+              "surprisal")
+    if have(*needed):
+        registered, ran = _ran_facts(settings, family_key, record, tables["posteriors"], tables["scores"],
+                                     tables["frame_bank"], tables["model_manifest"], tables["matched_frames"],
+                                     tables["surprisal"], cite)
+        devs = deviations(registered, ran, record.get("deviations", []),
+                          unordered=["confirmatory frames", "models", "settings_sha256", "bank_sha256"])
+        n_dev = int(devs["deviates"].sum())
+        sections.append(Section("Deviations from the registration", "Computed by comparing the registered record "
+                                "with what ran; declared deviations are those the record lists.", devs,
+                                [*sources.get("registration_record", []), *sources.get("scores", [])]))
+    else:
+        sections.append(missing("Deviations from the registration", *needed))
+    stored = pd.DataFrame([{"input": UPSTREAM[n], "rows": 0 if tables.get(n) is None else len(tables[n]),
+                            "materialisation": cite(n)} for n in tables])
+    sections.append(Section("Stored inputs of this report", "Every asset the report read, with its materialisation.",
+                            stored, [p for n in tables for p in sources.get(n, [])]))
+    return sections, n_dev
 
 
 def _write(directory: Path, name: str, document: str) -> dict:
@@ -184,35 +216,68 @@ def _write(directory: Path, name: str, document: str) -> dict:
     return row
 
 
+def _stored(context, name: str, family_key: str) -> pd.DataFrame | None:
+    """The stored rows of ``UPSTREAM[name]`` for one family, read through the store the IO
+    manager writes (DuckDB file or Parquet tree); None where the asset is not materialised."""
+    from fear_assets.resources.store import SCHEMA, connect_store
+
+    io = context.resources.io_manager
+    # The DbIOManager keeps its store location privately: the DuckDB path, or the Parquet root.
+    root = getattr(getattr(io, "_db_client", None), "root", None)
+    if not root and not Path(str(getattr(io, "_database", ""))).is_file():
+        return None  # nothing stored yet
+    with connect_store(store="parquet" if root else "duckdb", path=getattr(io, "_database", None), root=root) as con:
+        exists = con.execute("select count(*) from information_schema.tables where table_schema = ? and "
+                             "table_name = ?", [SCHEMA, UPSTREAM[name]]).fetchone()[0]
+        if not exists:
+            return None
+        columns = {r[0] for r in con.execute("select column_name from information_schema.columns where "
+                                             "table_schema = ? and table_name = ?", [SCHEMA, UPSTREAM[name]]).fetchall()}
+        where = " where family = ?" if "family" in columns else ""
+        return con.execute(f"select * from {SCHEMA}.{UPSTREAM[name]}{where}",
+                           [family_key] if where else []).df()
+
+
 FAMILY_INPUTS = ("registration_record", "posteriors", "reading", "pilot_controls", "probe_controls", "model_manifest",
                  "scores", "frame_bank", "matched_frames", "surprisal")
 
 
+def _deps(names) -> list[dg.AssetDep]:
+    return [dg.AssetDep(UPSTREAM[n], partition_mapping=all_depths_of_family) if n in PER_DEPTH
+            else dg.AssetDep(UPSTREAM[n]) for n in names]
+
+
 @dg.asset(group_name=GROUP, partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
-          kinds={"duckdb", "html"}, ins=_ins(*FAMILY_INPUTS))
-def stage2_report(context: dg.AssetExecutionContext, protocol: ProtocolResource, **tables) -> dg.Output[pd.DataFrame]:
+          kinds={"duckdb", "html"}, deps=_deps(FAMILY_INPUTS), required_resource_keys={"io_manager", "protocol"})
+def stage2_report(context: dg.AssetExecutionContext) -> dg.Output[pd.DataFrame]:
     """The Stage 2 report of one family (Appendix C step 7: "Publish: Stage 2 report with all
     readings from Section 8 stated as they fall"): the registration record, every
     hypothesis with its 99% HDI and label (6.2), the gates, the controls, the reading with
     its qualifiers and flags, exclusions and the deviations from the registration, as one
     self-contained HTML file (and PDF where WeasyPrint is installed). Built only from
-    stored assets; every table names its materialisation (asset, partition, run, data version)."""
+    stored assets; every table names its materialisation (asset, partition, run, data
+    version); a part whose asset is not materialised yet says so."""
     from fear_assets.report.stage2 import FamilyReport, render_html
 
+    protocol = context.resources.protocol
     settings = protocol.settings()
     family_key = context.partition_key
     depth_parts = _depth_partitions(settings, family_key)
-    sources = {n: provenance(context.instance, n, depth_parts if n in PER_DEPTH else [family_key])
-               for n in FAMILY_INPUTS}
+    tables = {n: _stored(context, n, family_key) for n in FAMILY_INPUTS}
+    sources = {n: provenance(context.instance, n, depth_parts if n in PER_DEPTH else
+                             [None if n == "frame_bank" else family_key]) for n in FAMILY_INPUTS}
     sections, n_dev = family_sections(settings, family_key, tables, sources)
     document = render_html(f"Stage 2 report: {family_key}", preamble_text(settings),
                            [FamilyReport(family_key, sections)])
     row = _write(Path(protocol.cache_dir).parent / "reports" / family_key, "stage2_report", document)
-    table = pd.DataFrame([{"family": family_key, **row, "deviations": n_dev}])
+    reading = tables["reading"]["code"].iloc[0] if tables["reading"] is not None and len(tables["reading"]) \
+        else "not materialised yet"
+    table = pd.DataFrame([{"family": family_key, **row, "deviations": n_dev, "reading": reading}])
     return dg.Output(table, metadata={
         "report": dg.MetadataValue.path(row["html_path"]), "html_sha256": row["html_sha256"],
         "pdf": row["pdf_path"] or "not written (WeasyPrint not installed)", "deviations": n_dev,
-        "reading": str(tables["reading"]["code"].iloc[0])})
+        "reading": reading,
+        "not materialised yet": ", ".join(UPSTREAM[n] for n, t in tables.items() if t is None) or "none"})
 
 
 def preamble_text(settings) -> str:
