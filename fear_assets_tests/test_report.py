@@ -67,6 +67,8 @@ def test_gate_figures_render_with_their_thresholds_and_refuse_bad_input():
     assert list(shown.index) == ["Tavi", "Orin"]
     assert shown.loc["Orin", ("judge", "mid_sentence")] == "2 SPLIT"
     assert shown.loc["Orin", ("tested", "mid_sentence")] == "1"
+    grid = plots.name_gate_plot(gate, ["Tavi", "Orin"])
+    assert grid.startswith(PNG_MAGIC) and _has_colour(grid, "#f29999", tol=3)  # a split cell is red
     assert plots.metadata_image(freq, "x").value.startswith("![x](data:image/png;base64,")
 
 
@@ -189,3 +191,15 @@ def test_stage2_report_through_dagster_names_its_sources_and_what_is_not_materia
     assert f"frame_bank · run {bank_run.run_id}" in doc  # the deviations' bank hash names its run
     assert "not materialised yet: posteriors" in doc
     assert "section8_reading" in event.materialization.metadata["not materialised yet"].value
+
+
+def test_a_depth_outside_a_family_design_or_band_is_not_applicable(settings):
+    from fear_assets.design.applicable import not_applicable
+
+    embedded = settings.family("smollm2-135m")
+    inside, outside = embedded.depth_keys[0], "d7"
+    assert outside not in embedded.depth_keys
+    assert not_applicable(settings, "smollm2-135m", inside) is None
+    assert "registers depths" in not_applicable(settings, "smollm2-135m", outside)
+    assert "outside the depth band" in not_applicable(settings, "smollm2-135m", inside, band=["d9"])
+    assert not_applicable(settings, "qwen2.5-7b", "d7") is None  # a registered family has all eight

@@ -6,6 +6,7 @@ import time
 import dagster as dg
 import pandas as pd
 
+from fear_assets.design.applicable import not_applicable  # issue 15
 from fear_assets.design.accounting import trial_accounting as account
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.masking import assignment_key as make_key
@@ -48,6 +49,7 @@ def trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     settings, bank = protocol.settings(), protocol.bank()
     family_key, depth = partition_parts(context)
     if _skip_unregistered(context, settings, family_key, depth):
+        yield dg.Output(pd.DataFrame(), metadata={"not applicable": not_applicable(settings, family_key, depth)})  # issue 15
         return
     stored = set(frame_bank["bank_sha256"])
     if stored != {bank.sha256}:
@@ -101,6 +103,7 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
     if _skip_unregistered(context, settings, family_key, depth):
+        yield dg.Output(pd.DataFrame(), metadata={"not applicable": not_applicable(settings, family_key, depth)})  # issue 15
         return
     key = make_key(settings, family_key).assign(depth=depth)
     yield dg.Output(key, metadata={"codes": len(key)})

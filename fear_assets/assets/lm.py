@@ -9,6 +9,7 @@ from pathlib import Path
 import dagster as dg
 
 from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
+from fear_assets.design.applicable import not_applicable  # issue 15: backfills end green
 import numpy as np
 import pandas as pd
 
@@ -53,6 +54,7 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
         "verdict": result.message,
         "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
         "names x tokenizers x forms (SPLIT: more than one token)": dg.MetadataValue.md(report_plots.name_gate_table(table, settings.names).to_markdown()),  # issue 15
+        "names x tokenizers x forms (plot)": report_plots.metadata_image(report_plots.name_gate_plot(table, settings.names), "name gate: names x tokenizers x forms"),  # issue 15
     })
 
 
@@ -328,6 +330,8 @@ def scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, langua
     family = settings.family(family_key)
     if depth not in family.depth_keys or trial_table.empty:
         context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
+        if not_applicable(settings, family_key, depth):  # issue 15: an empty slice, green, with its reason
+            yield dg.Output(pd.DataFrame(), metadata={"not applicable": not_applicable(settings, family_key, depth)})
         return
     table = trial_table[~trial_table["block"].isin(_pilot_control_blocks(settings))]
     if family.reduced_design is not None:
@@ -350,6 +354,8 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     band = {f"d{b}" for b in str(pilot_depths["depth_band"].iloc[0]).split(",")}
     if depth not in band or trial_table.empty:
         context.log.info(f"{depth} is not in the depth band {sorted(band)}: the pilot controls are not scored here")
+        if not_applicable(settings, family_key, depth, band):  # issue 15: an empty slice, green, with its reason
+            yield dg.Output(pd.DataFrame(), metadata={"not applicable": not_applicable(settings, family_key, depth, band)})
         return
     from fear_assets.design.table import baseline_block_for
 

@@ -17,7 +17,7 @@ import pandas as pd
 from fear_assets.analysis.plots import (COLOURS, NOT_CONVERGED_COLOUR, NOT_CONVERGED_TEXT, _figure, _png,
                                         markdown_image)
 
-__all__ = ["probe_accuracy_plot", "matching_plot", "binding_plot", "label_frequency_plot", "name_gate_table",
+__all__ = ["probe_accuracy_plot", "matching_plot", "binding_plot", "label_frequency_plot", "name_gate_table", "name_gate_plot",
            "markdown_image", "metadata_image"]
 
 PASS, FAIL = "#1b7837", "#b2182b"
@@ -156,3 +156,27 @@ def name_gate_table(name_gate: pd.DataFrame, names: list[str] | None = None) -> 
     if names:
         pivot = pivot.reindex([n for n in names if n in pivot.index])
     return pivot.apply(lambda col: col.map(lambda n: "" if pd.isna(n) else (f"{int(n)}" if n == 1 else f"{int(n)} SPLIT")))
+
+
+def name_gate_plot(name_gate: pd.DataFrame, names: list[str] | None = None) -> bytes:
+    """The name gate (4.2) as a grid, names x (tokenizer, form): each cell is the name's
+    token count, green where it is one token, red where the tokenizer splits it."""
+    counts = name_gate.pipe(lambda t: (_require(t, ["name", "tokenizer", "form", "n_tokens"], "name_gate"), t)[1]) \
+        .pivot_table(index="name", columns=["tokenizer", "form"], values="n_tokens", aggfunc="max")
+    if names:
+        counts = counts.reindex([n for n in names if n in counts.index])
+    if counts.empty:
+        return _nothing("no names checked")
+    values = counts.to_numpy(dtype=float)
+    fig, ax = _figure(1.6 + 0.75 * values.shape[1], 1.2 + 0.32 * values.shape[0])
+    colours = np.where(np.isnan(values)[..., None], [1.0, 1.0, 1.0],
+                       np.where((values == 1)[..., None], [0.65, 0.85, 0.65], [0.95, 0.6, 0.6]))
+    ax.imshow(colours, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if not np.isnan(v):
+            ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize="small")
+    ax.set_xticks(range(values.shape[1]), [f"{t}\n{f}" for t, f in counts.columns], fontsize="x-small", rotation=90)
+    ax.set_yticks(range(values.shape[0]), counts.index, fontsize="small")
+    ax.set_xlabel("tokenizer and name form (cell: tokens; green = one token, red = split)")
+    ax.set_ylabel("candidate name")
+    return _png(fig)
