@@ -114,6 +114,9 @@ def run(duckdb_path: str | None = None) -> int:
         (f"h4_posterior {family}", ["h4_posterior"], family),
         (f"posteriors, section8_reading {family}", ["posteriors", "section8_reading"], family),
         ("cross_family_statement", ["cross_family_statement"], None),
+        # Issue 15: the Stage 2 report and the data record (Appendix B; Appendix C steps 5, 7).
+        (f"stage2_report, data_record {family}", ["stage2_report", "data_record"], family),
+        ("stage2_report_all", ["stage2_report_all"], None),
     ]
     ok = True
     for label, selection, key in plan:
@@ -164,6 +167,7 @@ def run(duckdb_path: str | None = None) -> int:
     power = power_note(SETTINGS, family)
     if power:
         print(power)
+    print(f"Stage 2 report: {PROJECT_ROOT / 'data' / 'reports' / family / 'stage2_report.html'} (issue 15)")
     print(f"DuckDB file: {db}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.trial_table group by 1'))\"")
