@@ -15,24 +15,28 @@ import dagster as dg
 # Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
-from fear_assets.assets import analysis, collection, pilot, probes, reading, registration, stimuli
+from fear_assets.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
 from fear_assets.resources import ProtocolResource, store_io_manager
 from fear_assets.resources.models import LanguageModelResource
 
 #: The protocol's stages in order, each with the module or package holding its assets.
 STAGES = (("stimuli", stimuli), ("pilot", pilot), ("registration", registration), ("collection", collection),
-          ("probes", probes), ("analysis", analysis), ("reading", reading))
+          ("probes", probes), ("analysis", analysis), ("reading", (reading, report)))
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 
 
 
 def _assets(module, stage: str) -> list:
+    if isinstance(module, tuple):  # a stage held in several modules (reading: the reading and its report)
+        return [a for m in module for a in _assets(m, stage)]
     if hasattr(module, "__path__"):  # a stage package: every module in it
         return list(dg.load_assets_from_package_module(module, group_name=stage))
     return list(dg.load_assets_from_modules([module], group_name=stage))
 
 
 def _checks(module) -> list:
+    if isinstance(module, tuple):
+        return [c for m in module for c in _checks(m)]
     if hasattr(module, "__path__"):
         return list(dg.load_asset_checks_from_package_module(module))
     return list(dg.load_asset_checks_from_modules([module]))

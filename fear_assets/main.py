@@ -171,6 +171,9 @@ def summary(instance, settings, family: str, db: str, log_path: Path, elapsed: f
         print(f"POWER GATE (6.3) for {family}: status {power.get('status')}; frames {power.get('frames')}; "
               f"demo (not registered): {power.get('demo (not registered)')}; "
               f"estimation-only {power.get('estimation-only')}")
+    report = _metadata(instance, "stage2_report", family)
+    if report:
+        print(f"Stage 2 report (Appendix C step 7): {report.get('report')} ({report.get('deviations')} deviations)")
     print(f"DuckDB file: {db}; library warnings: {log_path}")
     print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
           ".sql('select block, count(*) from two_facts_one_gate.pilot_trial_table group by 1'))\"")

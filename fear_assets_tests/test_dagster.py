@@ -131,13 +131,22 @@ def test_a_registered_replacement_reaches_the_confirmatory_table_through_the_rec
     assert failing not in after and reserve in after and len(after) == len(frames)
 
 
-def test_unregistered_depth_of_the_embedded_family_is_not_materialised(env):
+def test_unregistered_depth_of_the_embedded_family_is_not_applicable_and_green(env):
+    # Issue 15: a depth the family's design lacks stores nothing, and its run ends green with
+    # the reason in the metadata (a backfill over all depths must not read as failed).
     _, db, _ = env
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
-    result = _run(env, ["pilot_trial_table"], dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
+    result = _run(env, ["pilot_trial_table", "assignment_key"],
+                  dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
     assert result.success
-    assert not result.get_asset_materialization_events()
+    events = result.get_asset_materialization_events()
+    assert {e.asset_key.path[-1] for e in events} == {"pilot_trial_table", "assignment_key"}
+    assert all("not applicable" in e.materialization.metadata["not applicable"].value for e in events)
+    assert all("registers depths d1, d2 only" in e.materialization.metadata["not applicable"].value for e in events)
+    with duckdb.connect(db, read_only=True) as con:
+        tables = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
+    assert "pilot_trial_table" not in tables or _rows(db, "pilot_trial_table", "depth = 'd7'") == 0
 
 
 def test_a_failed_write_keeps_the_old_rows(env, settings):

@@ -31,6 +31,17 @@ SCALES = {"H1": "Δ", "H2": "Δ", "H3": "Δ", "H4": "probe log-odds", "H5": "d�
           "gate_a": "Δ", "gate_b": "Δ", "gate_c": "standardised"}
 COLOURS = {"supported": "#1b7837", "practically_equivalent": "#2166ac", "contrary": "#b2182b",
            "unresolved": "#6f6f6f"}
+#: A label whose fit missed the convergence rule (6.1) is drawn in its own grey, hatched and
+#: captioned so; never in a label's colour, least of all that of "supported".
+NOT_CONVERGED_COLOUR = "#a6a6a6"
+NOT_CONVERGED_TEXT = "not converged — not to be read"
+
+
+def row_style(label: str, converged: bool) -> tuple[str, str]:
+    """(colour, caption) of one forest row: a non-converged fit is never drawn as its label."""
+    if not converged:
+        return NOT_CONVERGED_COLOUR, NOT_CONVERGED_TEXT
+    return COLOURS.get(label, "#333333"), label.replace("_", " ")
 
 
 def _figure(width: float, height: float):
@@ -114,7 +125,9 @@ def contrast_table(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tup
     table["label"] = table["label"].fillna("").astype(str)
     table["rope_low"] = [ropes.get(c, default)[0] for c in table["contrast"]]
     table["rope_high"] = [ropes.get(c, default)[1] for c in table["contrast"]]
-    return table[["contrast", *TABLE_COLUMNS, "scale", "rope_low", "rope_high"]]
+    # A missing "converged" column means the caller vouches for convergence (draws given directly).
+    table["converged"] = table["converged"].fillna(False).astype(bool) if "converged" in table.columns else True
+    return table[["contrast", *TABLE_COLUMNS, "scale", "rope_low", "rope_high", "converged"]]
 
 
 def forest_plot(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tuple[float, float], hdi_prob: float,
@@ -122,7 +135,9 @@ def forest_plot(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tuple[
     """H1-H5 and the gates with their HDIs and each row's ROPE shaded. Contrasts sit on
     their own scales (Δ, log-odds, d′, standardised), so each row's label names its scale
     and its ROPE is drawn behind that row only; ``rope`` is the registered ±SESOI, and
-    ``ropes`` overrides it per contrast (gate (c): ±0.15/sigma on the standardised scale)."""
+    ``ropes`` overrides it per contrast (gate (c): ±0.15/sigma on the standardised scale).
+    A row whose ``converged`` column is False is drawn grey, dashed and hatched and captioned
+    "not converged — not to be read" (6.1: a label is read only from a converged fit)."""
     table = contrast_table(contrasts, rope, hdi_prob, ropes)
     n = len(table)
     fig, ax = _figure(7.0, 0.9 + 0.45 * n)
@@ -131,11 +146,17 @@ def forest_plot(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tuple[
     for yi, row in zip(y, table.itertuples(index=False)):
         ax.fill_betweenx([yi - 0.45, yi + 0.45], row.rope_low, row.rope_high, color="#d9d9d9", alpha=0.8,
                          linewidth=0, zorder=0)
-        colour = COLOURS.get(row.label, "#333333")
-        ax.hlines(yi, row.hdi_low, row.hdi_high, color=colour, linewidth=2.2, zorder=2)
-        ax.plot(row.mean, yi, "o", color=colour, zorder=3)
+        colour, _ = row_style(row.label, row.converged)
+        if not row.converged:
+            ax.fill_betweenx([yi - 0.2, yi + 0.2], row.hdi_low, row.hdi_high, facecolor="none", hatch="///",
+                             edgecolor=colour, linewidth=0, zorder=2)
+        ax.hlines(yi, row.hdi_low, row.hdi_high, color=colour, linewidth=2.2, zorder=2,
+                  linestyles="solid" if row.converged else "dashed")
+        ax.plot(row.mean, yi, "o" if row.converged else "x", color=colour, zorder=3)
     names = [f"{r.contrast} ({r.scale})" if r.scale else r.contrast for r in table.itertuples(index=False)]
-    names = [f"{name}: {lab.replace('_', ' ')}" if lab else name for name, lab in zip(names, table["label"])]
+    captions = [row_style(lab, conv)[1] if (lab or not conv) else ""
+                for lab, conv in zip(table["label"], table["converged"])]
+    names = [f"{name}: {cap}" if cap else name for name, cap in zip(names, captions)]
     ax.set_yticks(y, names)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlabel(f"posterior mean and {hdi_prob:.0%} HDI; shaded: each contrast's ROPE on its own scale")

@@ -167,7 +167,7 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
                          primary_sha256=sha256_file(primary_path))
     table["practically_meaningful"] = table["practically_meaningful"].fillna(False).astype(bool)
     forest_rows = table[table["kind"].isin(["confirmatory", "gate"]) & (table["status"] == "estimated")]
-    forest = forest_plot(forest_rows.set_index("contrast")[["mean", "hdi_low", "hdi_high", "label"]].reset_index(),
+    forest = forest_plot(forest_rows.set_index("contrast")[["mean", "hdi_low", "hdi_high", "label", "converged"]].reset_index(),
                          settings.decision.rope, settings.decision.hdi_prob,
                          f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)")
     depth_png = delta_by_depth_plot(result.by_depth)

@@ -11,6 +11,7 @@ from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, run_probes
 from fear_assets.probes.inputs import PROBE_BLOCKS, probe_inputs
+from fear_assets.report import plots as report_plots
 from fear_assets.resources.protocol import ProtocolResource
 
 OUTPUTS_DOC = ("Per probed document (both content versions), the held-out probability of the shown option, "
@@ -40,6 +41,8 @@ def probe_metadata(outputs: pd.DataFrame, controls: pd.DataFrame) -> tuple[dict,
         return {"documents": 0, "note": "no probed documents in this design"}, {"controls": "none"}
     shown = controls[["frame_set", "probe", "accuracy", "interval_low", "interval_high", "excludes_chance"]]
     return ({"documents": len(outputs), "mean accuracy": round(float(outputs["correct"].mean()), 4),
+             "probe accuracy by depth with controls (plot)": report_plots.metadata_image(
+                 report_plots.probe_accuracy_plot(outputs, controls), "probe accuracy by depth with its controls"),
              "accuracy by depth": dg.MetadataValue.md(outputs.groupby(["frame_set", "depth_index"])["correct"].mean()
                                                       .round(3).to_frame().to_markdown())},
             {"controls": dg.MetadataValue.md(shown.round(4).to_markdown(index=False))})

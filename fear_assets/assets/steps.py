@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.primary_model import Fitter, Priors
+from fear_assets.design.applicable import not_applicable
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.table import build_trial_table
 from fear_assets.design.trials import candidate_frames, registered_selection
@@ -134,6 +135,13 @@ def skip_unregistered(context, settings, family_key: str, depth: str) -> bool:
     context.log.info(f"{family_key} registers depths {', '.join(family.depth_keys)} only; "
                      f"partition {depth}|{family_key} is not part of its design and is not materialised")
     return True
+
+
+def not_applicable_output(settings, family_key: str, depth: str, band=None) -> dg.Output | None:
+    """An empty slice with its reason where a partition has nothing to build (issue 15: a
+    family's backfill over the depth rectangle ends green, the UI says why); None otherwise."""
+    reason = not_applicable(settings, family_key, depth, band)
+    return None if reason is None else dg.Output(pd.DataFrame(), metadata={"not applicable": reason})
 
 
 def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,

@@ -13,6 +13,7 @@ from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.registration.freeze import compare_with_record, read_record
 from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.report import plots as report_plots
 
 
 
@@ -115,6 +116,10 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
         "passed": result.passed,
         "verdict": result.message,
         "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
+        "names x tokenizers x forms (SPLIT: more than one token)":
+            dg.MetadataValue.md(report_plots.name_gate_table(table, settings.names).to_markdown()),
+        "names x tokenizers x forms (plot)": report_plots.metadata_image(
+            report_plots.name_gate_plot(table, settings.names), "name gate: names x tokenizers x forms"),
     })
 
 

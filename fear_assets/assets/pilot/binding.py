@@ -21,6 +21,7 @@ from fear_assets.pilot.report_rule import mentions, partner_keywords
 from fear_assets.pilot.report_scoring import agreement, kappa_verdict, score_reports, scorer_prompt, scorer_says_yes
 from fear_assets.resources.models import LanguageModelResource
 from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.report import plots as report_plots
 
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
@@ -67,6 +68,8 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
                             selected=verdicts["item_id"].isin(set(selection["item_id"])))
     failing = verdicts[~verdicts["passes"]]
     return dg.Output(table, metadata={
+        "binding pass rates (plot)": report_plots.metadata_image(report_plots.binding_plot(table, rule.pass_rate_min),
+                                                                 "binding pass rates"),
         "in-context pass rate": dg.MetadataValue.float(float(rate)) if correct else "not scored",
         "in-context": in_context_message,
         "frames failing a single-sentence check": int(len(failing)),

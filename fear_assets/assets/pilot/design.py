@@ -3,7 +3,7 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.assets.steps import skip_unregistered, trial_table_output
+from fear_assets.assets.steps import not_applicable_output, skip_unregistered, trial_table_output
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.resources.protocol import ProtocolResource
@@ -23,6 +23,7 @@ def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResou
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
     if skip_unregistered(context, settings, family_key, depth):
+        yield not_applicable_output(settings, family_key, depth)
         return
     blocks = [b.name for b in settings.blocks if b.is_pilot]
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks, {})
@@ -38,6 +39,7 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
     if skip_unregistered(context, settings, family_key, depth):
+        yield not_applicable_output(settings, family_key, depth)
         return
     key = make_key(settings, family_key).assign(depth=depth)
     yield dg.Output(key, metadata={"codes": len(key)})

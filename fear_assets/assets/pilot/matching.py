@@ -17,6 +17,7 @@ from fear_assets.pilot.zero_preference import (within, zero_preference_failures,
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.resources.models import LanguageModelResource
 from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.report import plots as report_plots
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "python"})
@@ -56,6 +57,9 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     confirmatory = verdicts[verdicts["frame_set"] == "confirmatory"]
     drop = confirmatory.groupby("fear")["passes"].apply(lambda s: 1 - s.mean()).round(3)
     return dg.Output(table, metadata={
+        "matching differences per frame (plot)": report_plots.metadata_image(
+            report_plots.matching_plot(table, rule.max_abs_difference),
+            "matching differences per frame against the tolerance"),
         "retained confirmatory frames": int(table["selected"].sum()),
         "frames passing under tested and base (base-vs-assistant comparison)":
             ", ".join(both) if len(base_sentence_surprisal) else "no base checkpoint",

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import dagster as dg
+
+from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
 import pandas as pd
 
 from fear_assets.analysis.data import model_table
@@ -161,6 +163,8 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
         "path": str(path), "datasets": len(datasets), "rows (trials per block)": design.rows,
         "seconds": round(time.perf_counter() - t, 1), "compilations (this process)": fitter.compilations,
         "fits missing the convergence rule": int((~labels["converged"]).sum()),
+        "label frequencies (plot)": report_plots.metadata_image(report_plots.label_frequency_plot(labels),
+                                                                "power simulation label frequencies"),
         "labels": dg.MetadataValue.md(labels.groupby(["contrast", "label"]).size().rename("datasets")
                                       .reset_index().to_markdown(index=False)),
         "demo": family.role == "embedded"})
