@@ -222,7 +222,8 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
 
     import dagster as dg
 
-    from fear_assets.assets.registration.power import _run_key, power_simulation
+    from fear_assets.assets.registration.power import power_simulation
+    from fear_assets.simulation.setup import run_key as _run_key
     from fear_assets.simulation.batches import batch_keys_of
     from fear_assets.resources.protocol import ProtocolResource
 

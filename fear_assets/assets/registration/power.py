@@ -25,18 +25,16 @@ import pandas as pd
 from fear_assets.analysis.data import model_table
 from fear_assets.analysis.fits import fit_cells
 from fear_assets.analysis.h5_model import H5Priors
-from fear_assets.analysis.primary_model import Fitter, Priors
 from fear_assets.analysis.unmasking import unmask_pilot
 from fear_assets.hashing import derived_seed
-from fear_assets.hashing import sha256_obj
 from fear_assets.pilot.depth_rules import band_keys, stored_band
-from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.registration.record import write_power_section
 from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import NOT_SIMULATED
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
 from fear_assets.simulation.generator import pilot_estimates
 from fear_assets.simulation.models import h5_pilot_estimates, h5_pilot_rows
+from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
 from fear_assets.simulation.store import read_batches
@@ -49,34 +47,8 @@ from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_key
 
 
-def _sampler(settings, family_key: str) -> dict:
-    if settings.family(family_key).role == "embedded":
-        return dict(settings.section("power")["demo"]["sampler"])
-    s = settings.sampler
-    return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
-
-
-_FITTERS: dict = {}
-
-
-def _fitter(settings, family_key: str):
-    """One Fitter per sampler set-up and process: the model compiles once per shape (D7)."""
-
-    s = _sampler(settings, family_key)
-    key = (settings.sha256, s["draws"], s["tune"], s["chains"])
-    if key not in _FITTERS:
-        _FITTERS[key] = Fitter(Priors.from_settings(settings), int(s["draws"]), int(s["tune"]), int(s["chains"]))
-    return _FITTERS[key]
-
-
 def _power_dir(protocol: ProtocolResource) -> Path:
     return Path(protocol.cache_dir).parent / "power"
-
-
-def _run_key(settings, family_key: str, estimates: pd.DataFrame) -> str:
-
-    return sha256_obj([settings.sha256, analysis_code_sha256(), family_key,
-                       json.loads(estimates["estimates_json"].iloc[0]), estimates["band"].iloc[0]])[:16]
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -98,12 +70,12 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
     table = model_table(unmask_pilot(rows, assignment_key), sentence_surprisal, fears_of,
                         settings.neutral_partner_option)
-    fit = fit_cells(_fitter(settings, family_key), table, settings.fears, band,
+    fit = fit_cells(fitter_for(settings, family_key), table, settings.fears, band,
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
     est = pilot_estimates(fit.idata, fit.data, controls)
     if settings.family(family_key).role != "embedded":  # issue 11: H5's probit at the pilot (the demo fits no H5)
-        s = _sampler(settings, family_key)
+        s = sampler_of(settings, family_key)
         h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])))
         h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
                                 int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
@@ -140,7 +112,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
         raise ValueError(f"batch {key} is not part of family {family_key}'s simulation "
                          f"(its batches: {batch_keys_of(settings, family_key)[:3]} ...): pick one of those")
     scenario, frames, batch = parse_batch_key(key)
-    path = batch_path(_power_dir(protocol), family_key, key, _run_key(settings, family_key, power_pilot_estimates))
+    path = batch_path(_power_dir(protocol), family_key, key, run_key(settings, family_key, power_pilot_estimates))
     if path.exists():
         context.log.info(f"{key}: finished earlier ({path}); not refitted")
         return dg.MaterializeResult(metadata={"path": str(path), "resumed": True})
@@ -153,7 +125,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     band = str(power_pilot_estimates["band"].iloc[0]).split(",")
     design = simulated_design(settings, family.depth_keys, band, frames, est.covariate_sd,
                               dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
-    fitter = _fitter(settings, family_key)
+    fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
     blocks = tuple(p["demo"]["blocks"]) if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
@@ -183,7 +155,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     settings = protocol.settings()
     family_key = context.partition_key
     family = settings.family(family_key)
-    directory = _power_dir(protocol) / family_key / _run_key(settings, family_key, power_pilot_estimates)
+    directory = _power_dir(protocol) / family_key / run_key(settings, family_key, power_pilot_estimates)
     labels = read_batches(directory)
     t = PowerTargets.from_settings(settings)
     demo = family.role == "embedded"

@@ -1,0 +1,168 @@
+"""The Stage 2 report's sections for one family (Appendix C step 7), built from the stored
+tables the asset layer hands in and their provenance: pure, no store or instance access.
+A section whose asset is not materialised yet says so; nothing is filled in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from fear_assets.analysis.plots import forest_plot
+from fear_assets.hashing import sha256_file
+from fear_assets.lm.models import manifest_digest, registry
+from fear_assets.registration.record import analysis_code_sha256
+from fear_assets.report.stage2 import Provenance, Ran, Section, cite_all, deviations, hypotheses_table, html_to_pdf
+from fear_assets.settings import depth_key
+
+
+def ran_facts(settings, family_key: str, record: dict, posteriors, scores, frame_bank, model_manifest,
+               matched_frames, surprisal, cite) -> tuple[dict, dict]:
+    """(registered, ran) items for the deviations table; ``cite(name)`` names the source."""
+    family = settings.family(family_key)
+    sampler = settings.sampler
+    registered = {
+        "settings_sha256": record.get("settings_sha256"), "bank_sha256": record.get("bank_sha256"),
+        "manifest_sha256": record.get("manifest_sha256"), "analysis_code_sha256": record.get("analysis_code_sha256"),
+        "selected_names": record.get("selected_names"), "confirmatory frames": record.get("selected_frames"),
+        "frames replaced": record.get("replacements") or {},
+        "models": sorted(f"{role}: {spec.checkpoint}" for role, spec in registry(settings, family_key).items() if spec),
+        "depths": list(family.depth_keys) if not family.reduced_design else "registered full design",
+        "depth band": ",".join(depth_key(int(d)) for d in record.get("depth_band", [])),
+        "H5 depth": depth_key(int(record["h5_depth"])) if record.get("h5_depth") is not None else None,
+        "posterior draws per contrast (chains x draws)": sampler.chains * sampler.draws,
+    }
+    draws_file = Path(str(posteriors["draws_file"].iloc[0]))
+    n_draws = None
+    if draws_file.is_file():
+        with np.load(draws_file) as z:
+            n_draws = int(np.asarray(z[z.files[0]]).size) if z.files else None
+    primary = scores[scores["block"] == "primary"]
+    replaced = {r.replaces: r.item_id for r in matched_frames.itertuples() if getattr(r, "replaces", "")}
+    ran = {
+        "settings_sha256": Ran(sorted(set(scores["settings_sha256"])), cite("scores")),
+        "bank_sha256": Ran(sorted(set(frame_bank["bank_sha256"])), cite("frame_bank")),
+        "manifest_sha256": Ran(manifest_digest(model_manifest), cite("model_manifest")),
+        "analysis_code_sha256": Ran(analysis_code_sha256(), "the analysis code that built this report"),
+        "selected_names": Ran(json.loads(surprisal["selected_names"].iloc[0]) if len(surprisal) else None,
+                              cite("surprisal")),
+        "confirmatory frames": Ran(sorted(primary["item_id"].unique()) if len(primary) else
+                                   "none scored (pilot frames only)", cite("scores")),
+        "frames replaced": Ran(replaced, cite("matched_frames")),
+        "models": Ran(sorted({f"{r.role}: {r.checkpoint}" for r in model_manifest.itertuples()
+                              if r.checkpoint != "not available"}), cite("model_manifest")),
+        "depths": Ran(sorted(scores["depth"].unique()) if not family.reduced_design else
+                      f"reduced design {', '.join(sorted(scores['depth'].unique()))}: {family.reduced_design.reason}",
+                      cite("scores")),
+        "depth band": Ran(str(posteriors["band_depths"].iloc[0]), cite("posteriors")),
+        "H5 depth": Ran(str(posteriors["h5_depth"].iloc[0]), cite("posteriors")),
+        "posterior draws per contrast (chains x draws)": Ran(n_draws, f"{draws_file} (sha256 in posteriors)"),
+    }
+    if isinstance(registered["settings_sha256"], str):
+        registered["settings_sha256"] = [registered["settings_sha256"]]
+        registered["bank_sha256"] = [registered["bank_sha256"]]
+    return registered, ran
+
+
+def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | None],
+                    sources: dict[str, list[Provenance]], upstream: Mapping[str, str]):
+    """The report's sections for one family from whatever is stored: a section whose asset is
+    not materialised yet says so (the report can be read at any stage; nothing is filled in)."""
+    cite = lambda name: cite_all(sources.get(name, []))
+    have = lambda *names: all(tables.get(n) is not None and len(tables[n]) for n in names)
+    missing = lambda heading, *names: Section(heading, "not materialised yet: " + ", ".join(
+        upstream[n] for n in names if not have(n)) + f" (family {family_key})")
+    sections, n_dev = [], 0
+    record = json.loads(tables["registration_record"]["record_json"].iloc[0]) if have("registration_record") else None
+    if record is not None:
+        reg = pd.DataFrame([{"item": k, "value": json.dumps(record[k]) if isinstance(record[k], (list, dict))
+                             else record[k]}
+                            for k in ("protocol", "protocol_version", "status", "mode", "settings_sha256",
+                                      "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
+                                      "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "reduced_design",
+                                      "stand_in") if k in record])
+        sections.append(Section("Registration record",
+                                f"Record file: {tables['registration_record']['record_path'].iloc[0]}", reg,
+                                sources.get("registration_record", [])))
+    else:
+        sections.append(missing("Registration record", "registration_record"))
+    if have("reading"):
+        reading = tables["reading"].iloc[0]
+        sections.append(Section(
+            "Section 8 reading (stated as it fell)",
+            f"Reading: {reading['code']} (decision table row {reading['row']}).\n"
+            f"Qualifiers: {reading['qualifiers'] or 'none'}.\nFlags: {reading['flags'] or 'none'}.",
+            tables["reading"][["code", "row", "h2", "h5", "gate_a", "gate_b", "gate_c", "descriptive_only"]],
+            sources.get("reading", [])))
+    else:
+        sections.append(missing("Section 8 reading", "reading"))
+    if have("posteriors"):
+        post = tables["posteriors"]
+        rows = post[post["kind"].isin(["confirmatory", "gate"]) & (post["status"] == "estimated")]
+        forest = forest_plot(rows[["contrast", "mean", "hdi_low", "hdi_high", "label", "converged"]],
+                             tuple(settings.decision.rope), settings.decision.hdi_prob,
+                             f"{family_key}: H1-H5 and gates (99% HDI, ROPE shaded)") if len(rows) else None
+        sections.append(Section("Hypotheses, gates and controls (6.2: 99% HDI, ROPE ±SESOI)",
+                                "A label whose fit did not converge is stated as not to be read.",
+                                hypotheses_table(post), sources.get("posteriors", []), image_png=forest,
+                                image_alt="forest plot of H1-H5 and the gates"))
+    else:
+        sections.append(missing("Hypotheses, gates and controls", "posteriors"))
+    if record is not None:
+        sections.append(Section("Registration gates (pilot)", "",
+                                tables["registration_record"][["gate", "passed", "numbers", "message"]],
+                                sources.get("registration_record", [])))
+    for name, heading, cols in (
+            ("pilot_controls", "Positive controls (4.6)", ["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]),
+            ("probe_controls", "Probe controls (6.1)", ["frame_set", "probe", "accuracy", "interval_low",
+                                                        "interval_high", "excludes_chance"])):
+        sections.append(Section(heading, "", tables[name][cols], sources.get(name, [])) if have(name)
+                        else missing(heading, name))
+    if have("scores"):
+        s = tables["scores"]
+        excl = s.groupby("block")[["excluded_context", "answer_exceeds_context", "generation_truncated"]] \
+            .sum().astype(int).reset_index()
+        sections.append(Section("Exclusions (4.8)", "Trials flagged, by block.", excl, sources.get("scores", [])))
+    else:
+        sections.append(missing("Exclusions (4.8)", "scores"))
+    needed = ("registration_record", "posteriors", "scores", "frame_bank", "model_manifest", "matched_frames",
+              "surprisal")
+    if have(*needed):
+        registered, ran = ran_facts(settings, family_key, record, tables["posteriors"], tables["scores"],
+                                     tables["frame_bank"], tables["model_manifest"], tables["matched_frames"],
+                                     tables["surprisal"], cite)
+        devs = deviations(registered, ran, record.get("deviations", []),
+                          unordered=["confirmatory frames", "models", "settings_sha256", "bank_sha256"])
+        n_dev = int(devs["deviates"].sum())
+        sections.append(Section("Deviations from the registration", "Computed by comparing the registered record "
+                                "with what ran; declared deviations are those the record lists.", devs,
+                                [*sources.get("registration_record", []), *sources.get("scores", [])]))
+    else:
+        sections.append(missing("Deviations from the registration", *needed))
+    stored = pd.DataFrame([{"input": upstream[n], "rows": 0 if tables.get(n) is None else len(tables[n]),
+                            "materialisation": cite(n)} for n in tables])
+    sections.append(Section("Stored inputs of this report", "Every asset the report read, with its materialisation.",
+                            stored, [p for n in tables for p in sources.get(n, [])]))
+    return sections, n_dev
+
+
+def write_report(directory: Path, name: str, document: str) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.html"
+    path.write_text(document, encoding="utf-8")
+    row = {"html_path": str(path), "html_sha256": sha256_file(path), "pdf_path": "", "pdf_sha256": ""}
+    pdf = html_to_pdf(document)
+    if pdf is not None:
+        (directory / f"{name}.pdf").write_bytes(pdf)
+        row.update(pdf_path=str(directory / f"{name}.pdf"), pdf_sha256=sha256_file(directory / f"{name}.pdf"))
+    return row
+
+
+def preamble_text(settings) -> str:
+    return (f"Protocol {settings.raw['protocol']['name']} ({settings.raw['protocol']['version']}). "
+            "Generated only from stored assets; each table's source line names the materialisation it came from "
+            "(asset key [partition] · run id · data version). None of these readings is a verdict on consciousness "
+            "(Section 8).")
