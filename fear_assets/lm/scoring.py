@@ -228,21 +228,28 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
             readout["generation_truncated"] = truncated
         pending.clear()
 
-    # Each report text is encoded once, with offsets (question and sentence spans). Documents
-    # run in the order of their shared prefixes' tokens, so that each prefix keeps the longest
-    # head of the one before it (the engine's prefix reuse); the outputs keep the input order.
-    encoded = [tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
-               for req in requests]
-    prepared = [_prepare(req, enc, encode) for req, enc in zip(requests, encoded)]
-    order = sorted(range(len(requests)), key=lambda k: prepared[k][0]["report"][: prepared[k][1]])
+    def report_encoding(req: DocumentRequest):  # with offsets (question and sentence spans)
+        return tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
+
+    def prefix_key(req: DocumentRequest) -> bytes:
+        branch_ids, shared, _ = _prepare(req, report_encoding(req), encode)
+        # Big-endian: the bytes sort as the token ids do (ids are non-negative).
+        return np.asarray(branch_ids["report"][:shared], dtype=">i4").tobytes()
+
+    # Documents run in the order of their shared prefixes' token ids (equal heads sort
+    # together), so that each prefix keeps the longest head of the one before it (the engine's
+    # prefix reuse); the outputs keep the input order. Only the keys are held (a registered
+    # partition's token lists with offsets would not fit in memory); documents are encoded again.
+    order = sorted(range(len(requests)), key=[prefix_key(req) for req in requests].__getitem__)
     long_by: list[list[dict]] = [[] for _ in requests]
     readout_by: list[dict | None] = [None] * len(requests)
     feature_by: dict[int, np.ndarray] = {}
     started = time.perf_counter()
     for done, k in enumerate(order, start=1):
         req = requests[k]
-        offsets = encoded[k]["offset_mapping"]
-        branch_ids, shared, question = prepared[k]
+        report_enc = report_encoding(req)
+        offsets = report_enc["offset_mapping"]
+        branch_ids, shared, question = _prepare(req, report_enc, encode)
         cont_ids = {b: {label: encode_pair(encode, req.branches[b][-256:], text)[1] for label, text in c.items()}
                     for b, c in req.continuations.items()}
         # 4.8: "A trial is excluded only if the document exceeds the context window after
