@@ -212,3 +212,29 @@ def test_an_attention_kernel_without_4d_masks_is_refused():
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="sdpa"):
         TeacherForcedEngine(model)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_prefix_reuse_across_documents_equals_a_fresh_prefill(name):
+    """Documents that share heads (one equal to the last, one a head of it, one unrelated):
+    with prefix reuse every score, choice and greedy answer equals a fresh prefill per
+    document; a head is cut from the keys only where every layer keeps all of them (full
+    attention)."""
+    model = _tiny(name)
+    head = _random_ids(30, 90)
+    prefixes = [head + _random_ids(12, 91), head + _random_ids(9, 92), head + _random_ids(9, 92),
+                head[:20], _random_ids(25, 93), head + _random_ids(40, 94)]
+    prompts, conts = _random_ids(4, 95), [_random_ids(n, 96 + n) for n in (1, 5, 8)]
+    requests = ([Request.loglikelihood(prompts, c) for c in conts] + [Request.next_token(prompts, [3, 5])]
+                + [Request.generate(prompts, 6)])
+    fresh, reusing = TeacherForcedEngine(model, reuse_prefix=False), TeacherForcedEngine(model)
+    for prefix in prefixes:
+        want, got = fresh.execute(prefix, requests), reusing.execute(prefix, requests)
+        assert _max_diff([r.score for r in got[:3]], [r.score for r in want[:3]]) < 1e-5
+        assert got[3].logprobs == pytest.approx(want[3].logprobs, abs=1e-5)
+        assert got[4].generated_ids == want[4].generated_ids
+    full_attention = name in ("llama-gqa", "smollm2")
+    # The head (30), the equal prefix (39) and the shorter head less its last token (19) were
+    # not recomputed; the unrelated prefix and the one after it share nothing with their last.
+    # With sliding-window layers only the equal prefix's cache is taken as it is.
+    assert fresh.reused_tokens == 0 and reusing.reused_tokens == (30 + 39 + 19 if full_attention else 39)

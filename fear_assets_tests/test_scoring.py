@@ -2,6 +2,7 @@
 (the embedded tokenizer's vocabulary) and on SmolLM2 itself."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -199,3 +200,24 @@ def test_document_free_requests_equal_a_full_forward(tiny_model, smol_tokenizer,
         assert r.rest_nll == pytest.approx(-sum(want.token_logprobs[k:]) / (want.n_tokens - k), abs=1e-4)
         if k:
             assert r.name_nll == pytest.approx(-sum(want.token_logprobs[:k]) / k, abs=1e-4)
+
+
+def test_prefix_order_and_reuse_keep_every_output_in_the_input_order(tiny_model, smol_tokenizer, pilot, bank):
+    """Documents run in prefix order with the previous prefix's head reused; the long table,
+    the readouts and the feature rows come back in the input order and equal scoring each
+    document from a fresh prefill."""
+    rows, builder = pilot
+    rows = pd.concat([rows[rows.block == "pilot_primary"].head(4), rows[rows.block == "pilot_baseline"]])
+    requests = build_requests(rows, bank.templates, builder.document_text)[::-1]  # not in prefix order
+    config = ScoringSettings(context_window=4096, max_new_tokens=4, layers_fraction_from=1 / 3)
+    fresh = TeacherForcedEngine(tiny_model, reuse_prefix=False)
+    reusing = TeacherForcedEngine(tiny_model)
+    l0, r0, f0 = score_requests(fresh, smol_tokenizer, requests, config)
+    l1, r1, f1 = score_requests(reusing, smol_tokenizer, requests, config)
+    assert reusing.reused_tokens > 0 and fresh.reused_tokens == 0
+    assert r1.request.tolist() == [r.key for r in requests] == r0.request.tolist()
+    assert l1[["request", "branch", "label"]].equals(l0[["request", "branch", "label"]])
+    assert np.allclose(l1.mean_logprob, l0.mean_logprob, atol=1e-5)
+    assert r1.generated_text.tolist() == r0.generated_text.tolist()
+    assert r1.feature_row.fillna(-1).tolist() == r0.feature_row.fillna(-1).tolist()
+    assert len(f1) == len(f0) > 0 and np.allclose(f1, f0, atol=1e-5)

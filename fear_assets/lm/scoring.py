@@ -158,6 +158,22 @@ def _token_span(offsets: Sequence[tuple[int, int]], a: int, b: int) -> tuple[int
     return (idx[0], idx[-1] + 1) if idx else (0, 0)
 
 
+def _prepare(req: DocumentRequest, report_enc, encode) -> tuple[dict[str, list[int]], int, list[int] | None]:
+    """A document's branch token ids, the length of its shared prefix, and the open
+    question's positions in the report branch's extension (None without a question span)."""
+    branch_ids = {b: (report_enc["input_ids"] if b == "report" else encode(t)) for b, t in req.branches.items()}
+    shared = _lcp(list(branch_ids.values()))
+    # Keep at least one token in every branch (the branch's last logits come from it).
+    shared = min(shared, min(len(v) for v in branch_ids.values()) - 1)
+    question = None
+    if req.question_span is not None:
+        q_a, q_b = _token_span(report_enc["offset_mapping"], *req.question_span)
+        # The open question's tokens must lie in the report branch's own extension.
+        shared = min(shared, q_a)
+        question = list(range(q_a - shared, q_b - shared))
+    return branch_ids, shared, question
+
+
 @dataclass
 class ScoringSettings:
     context_window: int
@@ -192,8 +208,11 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
 
     The long table has one row per (request, branch, continuation label); readouts one row
     per request (choice log-probs, generated text, attention mass, exclusion, feature row).
-    Each document is one prefill and packed scoring passes; its greedy answer waits in a
-    queue and is decoded with ``engine.generation_batch`` other documents at once.
+    Each document is one prefix (a prefill, or the previous document's longest common head
+    extended: documents run in the order of their prefixes' tokens) and packed scoring
+    passes; its greedy answer waits in a queue and is decoded with
+    ``engine.generation_batch`` other documents at once. Rows, readouts and feature rows
+    are returned in the input order.
     """
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
     n_layers = engine.model.config.num_hidden_layers
@@ -209,21 +228,28 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
             readout["generation_truncated"] = truncated
         pending.clear()
 
+    def report_encoding(req: DocumentRequest):  # with offsets (question and sentence spans)
+        return tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
+
+    def prefix_key(req: DocumentRequest) -> bytes:
+        branch_ids, shared, _ = _prepare(req, report_encoding(req), encode)
+        # Big-endian: the bytes sort as the token ids do (ids are non-negative).
+        return np.asarray(branch_ids["report"][:shared], dtype=">i4").tobytes()
+
+    # Documents run in the order of their shared prefixes' token ids (equal heads sort
+    # together), so that each prefix keeps the longest head of the one before it (the engine's
+    # prefix reuse); the outputs keep the input order. Only the keys are held (a registered
+    # partition's token lists with offsets would not fit in memory); documents are encoded again.
+    order = sorted(range(len(requests)), key=[prefix_key(req) for req in requests].__getitem__)
+    long_by: list[list[dict]] = [[] for _ in requests]
+    readout_by: list[dict | None] = [None] * len(requests)
+    feature_by: dict[int, np.ndarray] = {}
     started = time.perf_counter()
-    for done, req in enumerate(requests, start=1):
-        # The report text is encoded once, with offsets (question and sentence spans).
-        report_enc = tokenizer(req.branches["report"], add_special_tokens=False, return_offsets_mapping=True)
+    for done, k in enumerate(order, start=1):
+        req = requests[k]
+        report_enc = report_encoding(req)
         offsets = report_enc["offset_mapping"]
-        branch_ids = {b: (report_enc["input_ids"] if b == "report" else encode(t)) for b, t in req.branches.items()}
-        shared = _lcp(list(branch_ids.values()))
-        # Keep at least one token in every branch (the branch's last logits come from it).
-        shared = min(shared, min(len(v) for v in branch_ids.values()) - 1)
-        question = None
-        if req.question_span is not None:
-            q_a, q_b = _token_span(offsets, *req.question_span)
-            # The open question's tokens must lie in the report branch's own extension.
-            shared = min(shared, q_a)
-            question = list(range(q_a - shared, q_b - shared))
+        branch_ids, shared, question = _prepare(req, report_enc, encode)
         cont_ids = {b: {label: encode_pair(encode, req.branches[b][-256:], text)[1] for label, text in c.items()}
                     for b, c in req.continuations.items()}
         # 4.8: "A trial is excluded only if the document exceeds the context window after
@@ -243,7 +269,7 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
         if readout["excluded_context"]:
             readout["exclusion_reason"] = (f"the document needs {document} tokens; the context window is "
                                            f"{config.context_window}")
-            readouts.append(readout)
+            readout_by[k] = readout
             continue
         if over:
             readout["exclusion_reason"] = ("not excluded; an answer cannot fit after the document in branch(es) "
@@ -270,7 +296,7 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
         for i, ((b, what, label), resp) in enumerate(zip(where, responses)):
             if what == "score":
                 s = resp.score
-                long_rows.append({"request": req.key, "branch": b, "label": label, "mean_logprob": s.mean_logprob,
+                long_by[k].append({"request": req.key, "branch": b, "label": label, "mean_logprob": s.mean_logprob,
                                   "sum_logprob": s.sum_logprob, "n_tokens": s.n_tokens, "greedy": s.greedy})
             elif what == "choice" and resp.logprobs:
                 by_branch[b] = list(resp.logprobs)
@@ -285,18 +311,24 @@ def score_requests(engine: TeacherForcedEngine, tokenizer, requests: Sequence[Do
                     readout["generated_text"], readout["generation_truncated"] = "", True
         if feature:
             # The residual stream at the first token of the open question.
-            readout["feature_row"] = len(features)
-            features.append(residual.mean().cpu().numpy().astype(np.float32))
+            feature_by[k] = residual.mean().cpu().numpy().astype(np.float32)
+            readout["feature_row"] = -1  # its row in the input order, set below
         if attend:
             labels = list(req.spans)
             masses = capture.mass(question, [_token_span(offsets, *req.spans[l]) for l in labels], shared)
             for label, mass in zip(labels, masses):
                 readout[f"attention_{label}"] = mass
-        readouts.append(readout)
+        readout_by[k] = readout
         if len(pending) >= max(1, engine.generation_batch):
             flush()
         if progress:
             progress(done, len(requests), time.perf_counter() - started)
     flush()
+    for k in range(len(requests)):  # the input order: rows, readouts, feature rows
+        long_rows += long_by[k]
+        if k in feature_by:
+            readout_by[k]["feature_row"] = len(features)
+            features.append(feature_by[k])
+        readouts.append(readout_by[k])
     dim = features[0].shape[0] if features else 0
     return pd.DataFrame(long_rows), pd.DataFrame(readouts), (np.stack(features) if features else np.zeros((0, dim), np.float32))
