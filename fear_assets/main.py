@@ -53,7 +53,8 @@ class Step:
 PARTITIONINGS = ("unpartitioned", "by_family", "by_depth", "by_batch")
 #: What the main job is for: the reading and the cross-family statement (assets no reading
 #: depends on, such as the name-amendment proposals, are materialised on request only).
-TARGETS = ("trial_accounting", "section8_reading", "cross_family_statement")
+TARGETS = ("trial_accounting", "section8_reading", "cross_family_statement", "stage2_report", "data_record",
+           "stage2_report_all")
 
 
 def plan(defs, stages) -> list[Step]:

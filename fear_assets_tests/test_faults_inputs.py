@@ -255,9 +255,18 @@ def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(set
                                         model_manifest=table(manifest(spec)))
     gate = (not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
             and "manifest_sha256" in check.description)
-    blocked = int("Fix:" in str(exc.value)) + int(bool(diffs) and diffs[0].startswith("manifest_sha256")) + int(gate)
-    record("model weights differ from the manifest", 3, blocked)
-    assert blocked == 3, check.description
+    # Scoring's own loader: the stored manifest's files are checked before the model is used.
+    from fear_assets.lm.integrity import manifest_files
+    from fear_assets.resources.models import LanguageModelResource
+
+    with pytest.raises(ModelIntegrityError, match=r"model\.safetensors: sha256"):
+        LanguageModelResource(cache_dir=str(tmp_path / "cache")).load(
+            spec, manifest_files(table(registered), spec.checkpoint))
+    loader = 1
+    blocked = (int("Fix:" in str(exc.value)) + int(bool(diffs) and diffs[0].startswith("manifest_sha256")) + int(gate)
+               + loader)
+    record("model weights differ from the manifest", 4, blocked)
+    assert blocked == 4, check.description
 
 
 def test_unmasking_before_scoring_is_locked_is_refused():

@@ -278,7 +278,7 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     model = fault_scoring.tiny_model(len(smol_tokenizer))
 
     class TinyModel(LanguageModelResource):
-        def load(self, spec):
+        def load(self, spec, expected_files=None):
             return model, smol_tokenizer
 
     monkeypatch.setattr(resumable, "CHUNK_DOCUMENTS", 3)
@@ -297,7 +297,8 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
         try:
             with dg.build_asset_context(partition_key=key) as context:
                 events = list(scoring_assets.pilot_scores(context, protocol=protocol, language_model=TinyModel(),
-                                                          pilot_trial_table=table))
+                                                          pilot_trial_table=table, model_manifest=pd.DataFrame(
+                                                              {"checkpoint": [], "file": [], "sha256": []})))
         finally:
             monkeypatch.setattr(resumable, "score_resumably", original)
         return events

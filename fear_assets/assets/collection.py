@@ -47,9 +47,10 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
-          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS, ins={"model_manifest": OF_FAMILY})
 def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                        language_model: LanguageModelResource, confirmatory_trial_table: pd.DataFrame):
+                        language_model: LanguageModelResource, confirmatory_trial_table: pd.DataFrame,
+                        model_manifest: pd.DataFrame):
     """Teacher-forced scores of the confirmatory trials of one family x depth (protocol 4.5),
     the same readouts as ``pilot_scores``. A reduced design that scores no confirmatory
     block (the embedded demo) stores an empty table: the analysis then reuses the pilot's
@@ -67,7 +68,7 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
                                         "the analysis reuses the pilot's scores"})
         return
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
-                                   f"{depth}_confirmatory")
+                                   f"{depth}_confirmatory", model_manifest)
     yield dg.Output(result, metadata=metadata)
     discard_chunks(protocol.cache_dir, family_key, f"{depth}_confirmatory")  # the store holds it now
 

@@ -29,9 +29,10 @@ UPSTREAM = {
     "control_scores": "pilot_control_scores", "frame_bank": "frame_bank", "matched_frames": "matched_frames",
     "binding_results": "binding_results", "surprisal": "sentence_surprisal", "trial_table": "pilot_trial_table",
     "report_scoring": "report_scoring", "cross_family": "cross_family_statement",
+    "confirmatory_scores": "confirmatory_scores", "confirmatory_trial_table": "confirmatory_trial_table",
 }
 #: Inputs read per family (all of the family's depth partitions for family x depth assets).
-PER_DEPTH = {"scores", "control_scores", "trial_table"}
+PER_DEPTH = {"scores", "control_scores", "trial_table", "confirmatory_scores", "confirmatory_trial_table"}
 
 
 def _ins(*names: str, all_partitions: bool = False) -> dict[str, dg.AssetIn]:
@@ -156,27 +157,36 @@ def stage2_report_all(context: dg.AssetExecutionContext, protocol: ProtocolResou
 
 RECORD_INPUTS = ("scores", "control_scores", "trial_table", "surprisal", "report_scoring", "binding_results",
                  "probe_outputs", "model_manifest", "registration_record")
+CONFIRMATORY_INPUTS = ("confirmatory_scores", "confirmatory_trial_table")
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
-          kinds={"duckdb", "parquet"}, ins=_ins(*RECORD_INPUTS))
-def data_record(context: dg.AssetExecutionContext, protocol: ProtocolResource, **tables) -> dg.Output[pd.DataFrame]:
-    """The data record of one family (Appendix B): one immutable record per trial, joined
-    from the stored assets, in the registered collection order (Appendix C step 5:
-    positive controls first, then all cells interleaved), with the time and run of the
-    stored partition that holds it; exported as Parquet with its sha256. Masked condition
-    codes only: the assignment log stays apart until unmasking."""
+          kinds={"duckdb", "parquet"}, ins=_ins(*RECORD_INPUTS), deps=_deps(CONFIRMATORY_INPUTS),
+          required_resource_keys={"io_manager", "protocol"})
+def data_record(context: dg.AssetExecutionContext, **tables) -> dg.Output[pd.DataFrame]:
+    """The data record of one family (Appendix B): one immutable record per trial, pilot and
+    confirmatory, joined from the stored assets, in the registered collection order
+    (Appendix C step 5: positive controls first, then all cells interleaved), with the time
+    and run of the stored partition that holds it; exported as Parquet with its sha256.
+    Masked condition codes only: the assignment log stays apart until unmasking. The
+    confirmatory tables are read where stored (a design that scores no confirmatory block
+    has none)."""
+    protocol = context.resources.protocol
     settings = protocol.settings()
     family_key = context.partition_key
     parts = _depth_partitions(settings, family_key)
     scored_at = {}
-    for name in ("scores", "control_scores"):
+    for name in ("scores", "control_scores", "confirmatory_scores"):
         for p in provenance(context.instance, name, parts):
             scored_at[(name, p.partition.split("|")[0] if "|" in p.partition else p.partition)] = (p.timestamp, p.run_id)
+    confirmatory = {n: _stored(context, n, family_key) for n in CONFIRMATORY_INPUTS}
+    trial_table = pd.concat([t for t in (tables["trial_table"], confirmatory["confirmatory_trial_table"])
+                             if t is not None and len(t)], ignore_index=True)
     record = json.loads(tables["registration_record"]["record_json"].iloc[0])
-    table = join_record(RecordInputs(tables["scores"], tables["trial_table"], tables["surprisal"], tables["report_scoring"],
-                              tables["binding_results"], tables["probe_outputs"], tables["model_manifest"], record,
-                              tables["control_scores"], scored_at))
+    table = join_record(RecordInputs(tables["scores"], trial_table, tables["surprisal"], tables["report_scoring"],
+                                     tables["binding_results"], tables["probe_outputs"], tables["model_manifest"],
+                                     record, tables["control_scores"], scored_at,
+                                     confirmatory["confirmatory_scores"]))
     data, digest = to_parquet_bytes(table)
     path = Path(protocol.cache_dir).parent / "records" / family_key / "data_record.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from fear_assets.errors import DesignError
 from fear_assets.hashing import sha256_file
 from fear_assets.lm.choices import choice_logprobs
 from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.lm.integrity import manifest_files
 from fear_assets.lm.models import registry
 from fear_assets.lm.name_gate import selected_names
 from fear_assets.lm.resumable import score_partition
@@ -40,7 +41,7 @@ def write_features(path: Path, features: np.ndarray) -> str:
 
 
 def score_table(context, protocol, language_model, table: pd.DataFrame, family_key: str, depth: str,
-                feature_name: str) -> tuple[pd.DataFrame, dict]:
+                feature_name: str, model_manifest: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
     """Score every trial of ``table`` (one family x depth; 4.5): one loop over the request
     list that never decides what to score. Returns (rows, metadata)."""
     settings, bank = protocol.settings(), protocol.bank()
@@ -54,7 +55,9 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
                               family_tokenizers(settings, family, Path(protocol.cache_dir)))
     for reader, rows in table.groupby("reader", sort=False):
         spec = specs["base" if reader == "base" else reader]
-        model, tokenizer = language_model.load(spec)
+        # The checkpoint's files against the stored manifest before anything is scored (4.1, D6).
+        model, tokenizer = language_model.load(
+            spec, manifest_files(model_manifest, spec.checkpoint) if model_manifest is not None else None)
         requests = build_requests(rows, bank.templates, builder.document_text,
                                   reduced.branches if reduced is not None else None)
         config = ScoringSettings(spec.context_window, settings.generation.max_new_tokens,

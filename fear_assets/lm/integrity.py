@@ -38,3 +38,10 @@ def verify_model_directory(directory: str | Path, expected: Mapping[str, str], c
             "Fix: restore the registered checkpoint's files (re-copy them from the source whose sha256 the "
             "registration record lists), or re-materialise model_manifest and file an amendment if the change is "
             "deliberate")
+
+
+def manifest_files(model_manifest, checkpoint: str) -> dict[str, str]:
+    """The files (path -> sha256) the stored model manifest lists for ``checkpoint`` (the
+    packaged source files, named ``source:...``, are not in the model directory)."""
+    rows = model_manifest[(model_manifest["checkpoint"] == checkpoint) & (model_manifest["file"] != "")]
+    return {str(r.file): str(r.sha256) for r in rows.itertuples() if not str(r.file).startswith("source:")}

@@ -90,6 +90,9 @@ class RecordInputs:
     #: (asset, depth) -> (materialisation timestamp, run id) of the stored partition that holds
     #: the trial: scoring stores time per partition, not per trial.
     scored_at: dict[tuple[str, str], tuple[float, str]]
+    #: confirmatory_scores: the confirmatory collection (Appendix C step 5); empty for a
+    #: design that scores no confirmatory block (the embedded demo).
+    confirmatory_scores: pd.DataFrame | None = None
 
 
 def _json(value) -> str:
@@ -98,13 +101,16 @@ def _json(value) -> str:
 
 def data_record(inputs: RecordInputs) -> pd.DataFrame:
     """Join one record per scored trial (Appendix B); see the module docstring."""
-    parts = [inputs.scores, inputs.control_scores] if inputs.control_scores is not None else [inputs.scores]
-    s = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else inputs.scores
-    if s.empty:
+    # Each trial keeps the name of the stored asset it came from (its run and time below).
+    named = [(inputs.scores, "scores"), (inputs.control_scores, "control_scores"),
+             (inputs.confirmatory_scores, "confirmatory_scores")]
+    parts = [p.assign(_source=name) for p, name in named if p is not None and len(p)]
+    if not parts:
         raise ValueError("scores is empty: score the family's depth partitions before building its data record")
+    s = pd.concat(parts, ignore_index=True)
     out = pd.DataFrame(index=s.index)
     out["collection_position"] = collection_order(s).astype("int64")
-    source = ["control_scores" if is_positive_control(b) else "scores" for b in s["block"]]
+    source = s["_source"]
     out["scored_at"] = [inputs.scored_at.get((a, d), (None, None))[0] for a, d in zip(source, s["depth"])]
     out["scored_in_run"] = [inputs.scored_at.get((a, d), (None, None))[1] for a, d in zip(source, s["depth"])]
     rec = inputs.record

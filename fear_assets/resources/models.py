@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
+from typing import Mapping
 
 import dagster as dg
 
-from fear_assets.lm.models import ModelSpec, load_model
+from fear_assets.lm.integrity import verify_model_directory
+from fear_assets.lm.models import ModelSpec, load_model, local_directory
 from fear_assets.settings import DEFAULT_CACHE_DIR
 
 _LOADED: dict[str, object] = {}
@@ -19,8 +22,16 @@ class LanguageModelResource(dg.ConfigurableResource):
     device: str = ""  # "" = cuda when available, else cpu
     cpu_threads: int = 0  # 0 = torch's default
 
-    def load(self, spec: ModelSpec):
-        """(model, tokenizer) for ``spec``; replaces any other model held by this process."""
+    def load(self, spec: ModelSpec, expected_files: Mapping[str, str] | None = None):
+        """(model, tokenizer) for ``spec``; replaces any other model held by this process.
+
+        ``expected_files`` (path -> sha256, from the stored model manifest): the checkpoint's
+        directory is checked against it before the model is used, once per load (issue 16:
+        scoring a changed checkpoint would score another model under the registered name)."""
+        if expected_files and _LOADED.get("verified") != (spec.checkpoint, dict(expected_files)):
+            verify_model_directory(local_directory(spec, Path(self.cache_dir)), expected_files, spec.checkpoint)
+            if _LOADED.get("checkpoint") == spec.checkpoint:
+                _LOADED["verified"] = (spec.checkpoint, dict(expected_files))
         if _LOADED.get("checkpoint") != spec.checkpoint:
             _LOADED.clear()
             gc.collect()
@@ -31,5 +42,6 @@ class LanguageModelResource(dg.ConfigurableResource):
             if self.cpu_threads:
                 torch.set_num_threads(self.cpu_threads)
             model, tokenizer = load_model(spec, self.cache_dir, self.device or None)
-            _LOADED.update(checkpoint=spec.checkpoint, model=model, tokenizer=tokenizer)
+            _LOADED.update(checkpoint=spec.checkpoint, model=model, tokenizer=tokenizer,
+                           verified=(spec.checkpoint, dict(expected_files)) if expected_files else None)
         return _LOADED["model"], _LOADED["tokenizer"]

@@ -27,9 +27,10 @@ def scored_rows(settings, family_key: str, trial_table: pd.DataFrame) -> pd.Data
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
-          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
+          ins={"model_manifest": dg.AssetIn(partition_mapping=family_of_partition)})
 def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
-                 pilot_trial_table: pd.DataFrame):
+                 pilot_trial_table: pd.DataFrame, model_manifest: pd.DataFrame):
     """Teacher-forced scores of the pilot trials of one family x depth (protocol 4.5): "one
     immutable row per trial" with the canonical reports' mean and summed log-probabilities
     in the document and in its distractor-only baseline, Delta (and its summed, first-person
@@ -45,17 +46,18 @@ def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
             yield not_applicable_output(settings, family_key, depth)
         return
     table = scored_rows(settings, family_key, pilot_trial_table)
-    result, metadata = score_table(context, protocol, language_model, table, family_key, depth, depth)
+    result, metadata = score_table(context, protocol, language_model, table, family_key, depth, depth, model_manifest)
     yield dg.Output(result, metadata=metadata)
     discard_chunks(protocol.cache_dir, family_key, depth)  # the store holds the partition now
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
           kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
-          ins={"pilot_depths": dg.AssetIn(partition_mapping=family_of_partition)})
+          ins={"pilot_depths": dg.AssetIn(partition_mapping=family_of_partition),
+               "model_manifest": dg.AssetIn(partition_mapping=family_of_partition)})
 def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                          language_model: LanguageModelResource, pilot_trial_table: pd.DataFrame,
-                         pilot_depths: pd.DataFrame):
+                         pilot_depths: pd.DataFrame, model_manifest: pd.DataFrame):
     """The pilot's positive-control documents (protocol 4.6, D4), scored after the depth band
     is fixed and only at the band depths (Appendix C step 2: "their contrasts are averaged
     over the band"). A depth outside the band materialises nothing."""
@@ -76,6 +78,6 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
         context.log.info(f"{depth}|{family_key}: no pilot control blocks in the trial table")
         return
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
-                                   f"{depth}_pilot_controls")
+                                   f"{depth}_pilot_controls", model_manifest)
     yield dg.Output(result, metadata=metadata)
     discard_chunks(protocol.cache_dir, family_key, f"{depth}_pilot_controls")  # the store holds it now
