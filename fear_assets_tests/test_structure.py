@@ -181,3 +181,18 @@ def test_metadata_tables_keep_the_readable_numbers():
 
     text = readable_markdown(pd.DataFrame({"rhat": [14462920.0, 1.0042], "note": ["x", float("nan")]}))
     assert "1.4e7" in text and "1.004" in text and "nan" not in text and "14462920" not in text
+
+
+def test_every_asset_and_check_cites_the_protocol():
+    """Issue 15: each asset's and check's description quotes or names the protocol section it
+    implements (a section number, an appendix, a decision D<n>), so the UI says why it exists."""
+    import re
+
+    from fear_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    cites = re.compile(r"(\b\d\.\d\b|Appendix [ABC]|\bD\d\b|Section \d)")
+    missing = [k.to_user_string() for k in graph.get_all_asset_keys() if not cites.search(graph.get(k).description or "")]
+    missing += [c.name for c in graph.asset_check_keys
+                if not cites.search(graph.get_check_spec(c).description or "")]
+    assert not missing, f"descriptions without a protocol section: {missing}"

@@ -76,8 +76,10 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
 
 
 @dg.asset_check(asset=registration_record, blocking=GATES_BLOCK, description=(
-    "Every registration gate of the pilot passes (the record lists each with its numbers). "
-    "Blocking in confirmatory mode; in pilot mode the failures travel with the analysis."))
+    "Appendix C step 4 (\"Register: submit as a Stage 1 Registered Report with the frozen bank hash, model "
+    "manifest, analysis code and supplementary note hash\"), once steps 1-3 hold: every registration gate of the "
+    "pilot passes (the record lists each with its numbers). Blocking in confirmatory mode; in pilot mode the "
+    "failures travel with the analysis."))
 def registration_gates(registration_record: pd.DataFrame) -> dg.AssetCheckResult:
     failed = registration_record[~registration_record["passed"].astype(bool)]
     return dg.AssetCheckResult(
