@@ -151,9 +151,11 @@ def test_jobs_are_stage_jobs_and_the_main_plan_follows_the_stages():
     steps = plan(defs, STAGE_NAMES)
     order = [STAGES.index(s.stage) for s in steps]
     assert order == sorted(order) and steps[0].keys == (dg.AssetKey("frame_bank"),)
-    assert steps[-1].keys == (dg.AssetKey("cross_family_statement"),)
+    # The last step reads across families: the cross-family statement and the Stage 2 report of all families.
+    assert set(steps[-1].keys) == {dg.AssetKey("cross_family_statement"), dg.AssetKey("stage2_report_all")}
     planned = {k.to_user_string() for s in steps for k in s.keys}
-    assert {"trial_accounting", "registration_record", "posteriors"} <= planned and "name_candidates" not in planned
+    assert {"trial_accounting", "registration_record", "posteriors", "stage2_report", "data_record"} <= planned
+    assert "name_candidates" not in planned
 
 
 def test_asset_modules_are_thin():
