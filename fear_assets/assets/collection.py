@@ -8,7 +8,7 @@ import pandas as pd
 
 from fear_assets.assets.pilot.scoring import scored_rows
 from fear_assets.lm.resumable import discard_chunks
-from fear_assets.assets.steps import not_applicable_output, score_table, skip_unregistered, trial_table_output
+from fear_assets.assets.steps import not_applicable_output, score_table, trial_table_output
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.design.accounting import trial_accounting as account
 from fear_assets.design.trials import registered_selection
@@ -38,8 +38,8 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
     table and everything downstream stale."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if skip_unregistered(context, settings, family_key, depth):
-        yield not_applicable_output(settings, family_key, depth)
+    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
+        yield skipped
         return
     blocks = [b.name for b in settings.blocks if not b.is_pilot]
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks,
@@ -57,9 +57,8 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
     scores and says so."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if depth not in settings.family(family_key).depth_keys:
-        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
-        yield not_applicable_output(settings, family_key, depth)
+    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
+        yield skipped
         return
     table = scored_rows(settings, family_key, confirmatory_trial_table)
     if table.empty:

@@ -130,21 +130,16 @@ def fitter(settings) -> Fitter:
     return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains)
 
 
-def skip_unregistered(context, settings, family_key: str, depth: str) -> bool:
-    """A depth index the family's registered design lacks materialises nothing (D1)."""
-    family = settings.family(family_key)
-    if depth in family.depth_keys:
-        return False
-    context.log.info(f"{family_key} registers depths {', '.join(family.depth_keys)} only; "
-                     f"partition {depth}|{family_key} is not part of its design and is not materialised")
-    return True
-
-
-def not_applicable_output(settings, family_key: str, depth: str, band=None) -> dg.Output | None:
-    """An empty slice with its reason where a partition has nothing to build (issue 15: a
-    family's backfill over the depth rectangle ends green, the UI says why); None otherwise."""
+def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
+    """An empty slice with its reason where a partition has nothing to build: a depth the
+    family's registered design lacks (D1) or, given ``band``, a depth outside the band (issue
+    15: a family's backfill over the depth rectangle ends green and the UI says why); None
+    where the partition is part of the design."""
     reason = not_applicable(settings, family_key, depth, band)
-    return None if reason is None else dg.Output(pd.DataFrame(), metadata={"not applicable": reason})
+    if reason is None:
+        return None
+    context.log.info(f"{depth}|{family_key}: {reason}")
+    return dg.Output(pd.DataFrame(), metadata={"not applicable": reason})
 
 
 def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,

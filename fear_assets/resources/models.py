@@ -28,10 +28,9 @@ class LanguageModelResource(dg.ConfigurableResource):
         ``expected_files`` (path -> sha256, from the stored model manifest): the checkpoint's
         directory is checked against it before the model is used, once per load (issue 16:
         scoring a changed checkpoint would score another model under the registered name)."""
-        if expected_files and _LOADED.get("verified") != (spec.checkpoint, dict(expected_files)):
+        verified = (spec.checkpoint, dict(expected_files)) if expected_files else None
+        if verified is not None and _LOADED.get("verified") != verified:
             verify_model_directory(local_directory(spec, Path(self.cache_dir)), expected_files, spec.checkpoint)
-            if _LOADED.get("checkpoint") == spec.checkpoint:
-                _LOADED["verified"] = (spec.checkpoint, dict(expected_files))
         if _LOADED.get("checkpoint") != spec.checkpoint:
             _LOADED.clear()
             gc.collect()
@@ -42,6 +41,7 @@ class LanguageModelResource(dg.ConfigurableResource):
             if self.cpu_threads:
                 torch.set_num_threads(self.cpu_threads)
             model, tokenizer = load_model(spec, self.cache_dir, self.device or None)
-            _LOADED.update(checkpoint=spec.checkpoint, model=model, tokenizer=tokenizer,
-                           verified=(spec.checkpoint, dict(expected_files)) if expected_files else None)
+            _LOADED.update(checkpoint=spec.checkpoint, model=model, tokenizer=tokenizer)
+        if verified is not None:
+            _LOADED["verified"] = verified
         return _LOADED["model"], _LOADED["tokenizer"]

@@ -3,7 +3,7 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.assets.steps import not_applicable_output, skip_unregistered, trial_table_output
+from fear_assets.assets.steps import not_applicable_output, trial_table_output
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.resources.protocol import ProtocolResource
@@ -22,8 +22,8 @@ def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResou
     unit. The confirmatory blocks are ``confirmatory_trial_table`` (stage collection)."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if skip_unregistered(context, settings, family_key, depth):
-        yield not_applicable_output(settings, family_key, depth)
+    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
+        yield skipped
         return
     blocks = [b.name for b in settings.blocks if b.is_pilot]
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks, {})
@@ -38,8 +38,8 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
     confirmatory rows once scoring is locked)."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if skip_unregistered(context, settings, family_key, depth):
-        yield not_applicable_output(settings, family_key, depth)
+    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
+        yield skipped
         return
     key = make_key(settings, family_key).assign(depth=depth)
     yield dg.Output(key, metadata={"codes": len(key)})

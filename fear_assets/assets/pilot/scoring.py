@@ -6,7 +6,6 @@ import pandas as pd
 
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.assets.steps import not_applicable_output, score_table
-from fear_assets.design.applicable import not_applicable
 from fear_assets.design.table import baseline_block_for
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
@@ -40,10 +39,11 @@ def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     context window are excluded with a reason (4.8)."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if depth not in settings.family(family_key).depth_keys or pilot_trial_table.empty:
-        context.log.info(f"{depth}|{family_key} is not part of the family's design: not scored")
-        if not_applicable(settings, family_key, depth):  # an empty slice, green, with its reason
-            yield not_applicable_output(settings, family_key, depth)
+    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
+        yield skipped
+        return
+    if pilot_trial_table.empty:
+        context.log.info(f"{depth}|{family_key}: no pilot trials stored for this partition: not scored")
         return
     table = scored_rows(settings, family_key, pilot_trial_table)
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth, depth, model_manifest)
@@ -64,10 +64,11 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
     band = set(band_keys(stored_band(pilot_depths)))
-    if depth not in band or pilot_trial_table.empty:
-        context.log.info(f"{depth} is not in the depth band {sorted(band)}: the pilot controls are not scored here")
-        if not_applicable(settings, family_key, depth, band):  # an empty slice, green, with its reason
-            yield not_applicable_output(settings, family_key, depth, band)
+    if (skipped := not_applicable_output(context, settings, family_key, depth, band)) is not None:
+        yield skipped
+        return
+    if pilot_trial_table.empty:
+        context.log.info(f"{depth}|{family_key}: no pilot trials stored for this partition: not scored")
         return
     blocks = set(settings.positive_controls.pilot_blocks)
     # A control without its own baseline block (marked priority) is corrected by the default
