@@ -69,7 +69,9 @@ def _show_markdown(driver, label: str):
     """Open a Markdown metadata entry (the UI shows it in a dialog) and return the dialog."""
     row = driver.find_element(By.XPATH, f"//tr[td[contains(normalize-space(.), {label!r})]]")
     row.find_element(By.XPATH, ".//a[contains(., 'Show Markdown')]").click()
-    return driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
+    # The dialog opens before its Markdown is rendered: wait for its text (read too early it is '').
+    return _until(lambda: [d for d in driver.find_elements(By.CSS_SELECTOR, "[role=dialog]") if d.text.strip()],
+                  30, f"the Markdown of {label!r} is shown")[0]
 
 
 def _close(dialog) -> None:
