@@ -278,7 +278,7 @@ def main() -> int:
     # Projection: full registered simulation = 2,000 datasets x 3 scenarios x the fits of one dataset,
     # per frame count, in primary-fit equivalents (cost taken as proportional to rows: see
     # PRIMARY_FIT_EQUIVALENTS); one fit = FACTS' registered-size fit scaled by the measured a/c ratio.
-    fits_per_frame_count = (int(settings.section("power")["datasets"]) * len(settings.section("power")["scenarios"])
+    fits_per_frame_count = (settings.power.datasets * len(settings.power.scenarios)
                             * sum(PRIMARY_FIT_EQUIVALENTS.values()))
     t_c = FACTS_REGISTERED_FIT["sampling_s"]
     t_a = t_c * pa["wall_s"] / pc["wall_s"]

@@ -19,7 +19,7 @@ import yaml
 from fear_assets.errors import SettingsError
 from fear_assets.hashing import sha256_obj
 from fear_assets.settings_sections import (Binding, Convergence, Decision, DepthBandRule, Exclusion, Generation,
-                                           H5DepthRule, Matching, PositiveControls, PriorSettings, Probe, ReportScoring,
+                                           H5DepthRule, Matching, PositiveControls, Power, PriorSettings, Probe, ReportScoring,
                                            Sampler, Section, ZeroPreference, typed_sections)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -268,6 +268,10 @@ class ProtocolSettings:
     @property
     def priors(self) -> PriorSettings:
         return self.sections["priors"]
+
+    @property
+    def power(self) -> Power:
+        return self.sections["power"]
 
     @property
     def neutral_partner_option(self) -> int:

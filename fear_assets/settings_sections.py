@@ -82,11 +82,23 @@ class Section:
         where = cls.NAME
         if not isinstance(raw.get(where), Mapping):
             raise SettingsError(path, "<top>", where, "missing section", f"add the '{where}' section")
-        section = raw[where]
+        return cls.from_mapping(path, where, raw[where])
+
+    @classmethod
+    def from_mapping(cls, path: Path, where: str, section: Mapping[str, Any]):
+        """Build from one mapping (a section, or a sub-section named ``where``)."""
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in section:
                 raise SettingsError(path, where, f.name, "missing", f"add '{f.name}' under '{where}'")
+            sub = f.metadata.get("section")
+            if sub is not None:
+                if not isinstance(section[f.name], Mapping):
+                    raise SettingsError(path, where, f.name, f"{section[f.name]!r} is not a mapping",
+                                        f"write '{where}.{f.name}' as a mapping with "
+                                        f"{', '.join(g.name for g in dataclasses.fields(sub))}")
+                values[f.name] = sub.from_mapping(path, f"{where}.{f.name}", section[f.name])
+                continue
             constraint: Constraint = f.metadata["constraint"]
             value = constraint.convert(section[f.name])
             if value is None:
@@ -277,8 +289,62 @@ class PriorSettings(Section):
     sensitivity_fixed_effect_sd: float = registered(POSITIVE)
 
 
+SCENARIOS = ("meaningful", "null", "sesoi")
+SCENARIO_LIST = Constraint(f"a list of scenarios out of {list(SCENARIOS)} (quote \"null\": YAML reads null as None)",
+                           lambda v: tuple(v) if isinstance(v, list) and v and all(x in SCENARIOS for x in v)
+                           and len(set(v)) == len(v) else None)
+
+
+def nested(section: type) -> Any:
+    """A field holding a typed sub-section (``power.demo``): its fields are checked like a section's."""
+    return field(metadata={"section": section})
+
+
+@dataclass(frozen=True)
+class DemoSampler(Section):
+    """The embedded demo simulation's shorter sampler (not the registered one, 6.1)."""
+
+    NAME: ClassVar[str] = "power.demo.sampler"
+    draws: int = registered(integer(1))
+    tune: int = registered(integer(0))
+    chains: int = registered(integer(1))
+
+
+@dataclass(frozen=True)
+class PowerDemo(Section):
+    """The embedded demo's reduced power simulation: NOT the registered simulation (6.3); it
+    fits the main job's time budget and says so in every output."""
+
+    NAME: ClassVar[str] = "power.demo"
+    datasets: int = registered(integer(1))
+    frames: int = registered(integer(1))
+    scenarios: tuple[str, ...] = registered(SCENARIO_LIST)
+    sampler: DemoSampler = nested(DemoSampler)
+    blocks: tuple[str, ...] = registered(TEXTS)
+
+
+@dataclass(frozen=True)
+class Power(Section):
+    """6.3 / D7: the power simulation's registered targets, scenarios and batching."""
+
+    NAME: ClassVar[str] = "power"
+    datasets: int = registered(integer(1), "use the registered 2000 datasets per scenario")
+    slope_sd_inflation: float = registered(POSITIVE, "use the registered 1.5")
+    supported_at_meaningful_min: float = registered(PROBABILITY)
+    supported_at_zero_max: float = registered(PROBABILITY)
+    equivalent_at_zero_min: float = registered(PROBABILITY)
+    joint_top_reading_min: float = registered(PROBABILITY)
+    joint_top_reading_zero_max: float = registered(PROBABILITY)
+    gate_b_pass_min: float = registered(PROBABILITY)
+    frame_block: int = registered(integer(1))
+    frames_max: int = registered(integer(1))
+    scenarios: tuple[str, ...] = registered(SCENARIO_LIST)
+    batch_size: int = registered(integer(1))
+    demo: PowerDemo = nested(PowerDemo)
+
+
 SECTIONS = (PriorSettings, Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
-            Convergence, PositiveControls, Exclusion, Probe, Generation)
+            Convergence, PositiveControls, Exclusion, Probe, Generation, Power)
 
 
 def typed_sections(path: Path, raw: Mapping[str, Any]) -> dict[str, Section]:

@@ -204,7 +204,7 @@ def test_small_simulation_recovers_the_effect_and_keeps_false_positives_rare(set
     assert not planted["label"].isin(["contrary", "practically_equivalent"]).any()
     zero = labels[(labels["scenario"] == "null") & labels["contrast"].isin(["H1", "H2", "H3"])]
     # 6.3's nominal rate: at most 2.5% Supported at zero (here: none of the 12 labels)
-    assert (zero["label"] == "supported").mean() <= float(settings.section("power")["supported_at_zero_max"])
+    assert (zero["label"] == "supported").mean() <= settings.power.supported_at_zero_max
     # every fit keeps its diagnostics; the tally runs on the stored batches
     assert labels[["rhat", "ess_bulk", "ess_tail", "divergences"]].notna().all().all()
     d = decide(labels, PowerTargets(**{**PowerTargets.from_settings(settings).__dict__, "frames_start": 5,
@@ -228,11 +228,11 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     from fear_assets.resources.protocol import ProtocolResource
 
     keys = batch_keys_of(settings, "qwen2.5-7b")
-    p = settings.section("power")
-    assert len(keys) == len(p["scenarios"]) * 6 * (p["datasets"] // p["batch_size"])  # 50..100 frames
+    p = settings.power
+    assert len(keys) == len(p.scenarios) * 6 * (p.datasets // p.batch_size)  # 50..100 frames
     assert keys[0] == "meaningful.f050.b000"
     demo = batch_keys_of(settings, "smollm2-135m")
-    assert demo == [f"{s}.f{p['demo']['frames']:03d}.b000" for s in p["demo"]["scenarios"]]
+    assert demo == [f"{s}.f{p.demo.frames:03d}.b000" for s in p.demo.scenarios]
     est = pd.DataFrame([{"estimates_json": json.dumps(_estimates().as_dict()), "band": "d1,d2"}])
     protocol = ProtocolResource(cache_dir=str(tmp_path / "cache"))
     path = batch_path(tmp_path / "power", "smollm2-135m", demo[0], _run_key(settings, "smollm2-135m", est))
@@ -382,3 +382,24 @@ def test_pilot_estimates_of_h4_and_h5_from_their_fits(settings):
     assert set(rows["shown_option"]) == {1, 2}
     with pytest.raises(ValueError, match="H5 depth"):
         models.h5_pilot_rows(scores, "d7")
+
+
+def test_h4_pilot_estimates_come_from_a_fit_of_the_registered_h4_model(settings):
+    """6.3: H4's pilot estimates (``PilotEstimates.h4``) are posterior means of the registered
+    H4 model fitted to the pilot probe (``power_pilot_estimates`` calls ``h4_pilot_fit`` on a
+    registered family): a dataset generated with a large document SD is fitted and the
+    estimates carry a document SD, a residual scale and the primary model's parameters, in
+    the form the generator reads back."""
+    from fear_assets.analysis.primary_model import Priors
+    from fear_assets.simulation import models
+
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=4)
+    table, d4 = models.h4_design(design)
+    import dataclasses
+
+    est = dataclasses.replace(_estimates(0.1), h4={**_estimates(0.1).as_dict(), "document_sd": 1.0})
+    data = models.h4_table(table, d4, est, design.band, 0.3, 1.0, np.random.default_rng(5))
+    h4 = models.h4_pilot_fit(data, settings.fears, Priors.from_settings(settings), 150, 150, 2, 7)
+    back = PilotEstimates.from_dict(h4)
+    assert h4["document_sd"] > 0.5, h4["document_sd"]  # the planted 1.0, not the residual's 0.1-scale
+    assert len(back.frame_sd) == 6 and back.sigma > 0 and set(back.beta) == set(d4.names)

@@ -57,6 +57,9 @@ def _write(tmp_path: Path, mutate) -> Path:
     (lambda r: r["design"]["blocks"][0].update(kind="everything"), "kind"),
     (lambda r: r.pop("priors"), "priors"),
     (lambda r: r["bank"]["function_words"].append(False), "function_words"),  # an unquoted `off`
+    (lambda r: r["power"].update(scenarios=["meaningful", None]), "scenarios"),  # an unquoted `null`
+    (lambda r: r["power"]["demo"]["sampler"].update(draws=0), "draws"),  # nested: power.demo.sampler
+    (lambda r: r["power"].update(demo=5), "demo"),
 ])
 def test_bad_settings_name_file_field_and_fix(tmp_path, mutate, field):
     path = _write(tmp_path, mutate)

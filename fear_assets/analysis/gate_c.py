@@ -50,7 +50,7 @@ class GateCPriors:
 
     @classmethod
     def from_settings(cls, settings) -> "GateCPriors":
-        return cls(Priors.from_settings(settings), float(settings.section("priors")["gate_c_reader_factor_sd"]))
+        return cls(Priors.from_settings(settings), settings.priors.gate_c_reader_factor_sd)
 
 
 def gate_c_bounds(sigma_pilot: float, sesoi: float, meaningful: float) -> tuple[float, float]:

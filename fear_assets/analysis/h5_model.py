@@ -34,8 +34,8 @@ class H5Priors:
 
     @classmethod
     def from_settings(cls, settings) -> "H5Priors":
-        p = settings.section("priors")
-        return cls(float(p["h5_probit_fixed_sd"]), float(p["group_sd_halfnormal"]), float(p["lkj_eta"]))
+        p = settings.priors
+        return cls(p.h5_probit_fixed_sd, p.group_sd_halfnormal, p.lkj_eta)
 
 
 @dataclass

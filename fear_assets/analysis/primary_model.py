@@ -78,11 +78,10 @@ class Priors:
 
     @classmethod
     def from_settings(cls, settings, fixed_sd: float | None = None) -> "Priors":
-        p = settings.section("priors")
-        alpha, beta = p["student_t_nu_gamma"]
-        return cls(float(fixed_sd if fixed_sd is not None else p["fixed_effect_sd"]), float(p["intercept_sd"]),
-                   float(p["group_sd_halfnormal"]), float(p["residual_sd_halfnormal"]), float(alpha), float(beta),
-                   float(p["lkj_eta"]))
+        p = settings.priors
+        alpha, beta = p.student_t_nu_gamma
+        return cls(float(fixed_sd if fixed_sd is not None else p.fixed_effect_sd), p.intercept_sd,
+                   p.group_sd_halfnormal, p.residual_sd_halfnormal, alpha, beta, p.lkj_eta)
 
 
 @dataclass

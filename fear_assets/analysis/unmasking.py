@@ -39,8 +39,10 @@ def unmask(table: pd.DataFrame, key: pd.DataFrame, registered_depths: list[str],
 def unmask_pilot(table: pd.DataFrame, key: pd.DataFrame) -> pd.DataFrame:
     """Conditions of pilot-frame rows only (D6): the pilot gates (binding, controls) need
     them by construction before registration, and no confirmatory row is ever unmasked here
-    (those wait for the scoring lock, :func:`unmask`)."""
-    if not table["block"].str.startswith("pilot_").all():
+    (those wait for the scoring lock, :func:`unmask`). A pilot row is one of a ``pilot_`` block,
+    or, in a probe table (no block column), one of the pilot frame set."""
+    pilot = table["block"].str.startswith("pilot_") if "block" in table else table["frame_set"].eq("pilot")
+    if not pilot.all():
         raise FreezeError("pilot gates unmask pilot-frame rows only; confirmatory rows wait for the scoring lock")
     return _join_codes(table, key)
 

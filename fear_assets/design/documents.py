@@ -178,7 +178,7 @@ class DocumentBuilder:
                                               int(row["partner_option"]))
             fc_prompt = _forced_choice(item, t, agent, content, names_map[agent], int(row["fc_first_listed"]))
             if cond == "control_marked_priority":
-                sentence = self.settings.section("positive_controls")["marker"] + sentence
+                sentence = self.settings.positive_controls.marker + sentence
             if row["prompt"] == "binding_check":
                 prompt = t["prompts"]["binding_check"].format(sentence=sentence)
             elif row["prompt"] == "protective_choice":

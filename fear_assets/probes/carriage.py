@@ -45,9 +45,8 @@ class ProbeSettings:
 
     @classmethod
     def from_settings(cls, settings) -> "ProbeSettings":
-        probe = settings.section("probe")
-        return cls(float(probe["inverse_regularisation"]), tuple(probe["clip"]), float(probe["control_interval"]),
-                   settings.master_seed)
+        probe = settings.probe
+        return cls(probe.inverse_regularisation, probe.clip, probe.control_interval, settings.master_seed)
 
 
 # ---------------------------------------------------------------------------------------

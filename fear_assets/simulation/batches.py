@@ -13,13 +13,12 @@ from fear_assets.simulation.targets import PowerTargets, frame_sequence
 
 def batch_keys_of(settings: ProtocolSettings, family_key: str) -> list[str]:
     """Batch keys ``<scenario>.f<frames>.b<batch>`` of one family's simulation."""
-    p = settings.section("power")
+    p = settings.power
     if settings.family(family_key).role == "embedded":
-        frames, datasets, scenarios = [int(p["demo"]["frames"])], int(p["demo"]["datasets"]), p["demo"]["scenarios"]
+        frames, datasets, scenarios = [p.demo.frames], p.demo.datasets, p.demo.scenarios
     else:
-        frames, datasets = frame_sequence(PowerTargets.from_settings(settings)), int(p["datasets"])
-        scenarios = p["scenarios"]
-    n_batches = math.ceil(datasets / int(p["batch_size"]))
+        frames, datasets, scenarios = frame_sequence(PowerTargets.from_settings(settings)), p.datasets, p.scenarios
+    n_batches = math.ceil(datasets / p.batch_size)
     return [batch_key(s, f, b) for s in scenarios for f in frames for b in range(n_batches)]
 
 

@@ -246,6 +246,18 @@ def h5_pilot_estimates(rows: pd.DataFrame, priors, draws: int, tune: int, chains
     return h5_estimates(idata)
 
 
+def h4_pilot_fit(data: pd.DataFrame, fears: Sequence[str], priors, draws: int, tune: int, chains: int,
+                 seed: int) -> dict:
+    """6.3's pilot estimates of H4's model from the pilot's probe outputs (``analysis.h4.h4_data``
+    of the unmasked pilot probe): the registered H4 model (the primary model on probe log-odds
+    with a document intercept, as ``analysis.h4.fit_h4`` builds it) fitted, posterior means."""
+    from fear_assets.analysis.h4 import h4_levels
+    from fear_assets.analysis.primary_model import build_model, prepare, sample
+
+    d = prepare(data, h4_levels(data, fears), outcome="log_odds", document="document")
+    return h4_pilot_estimates(sample(build_model(d, priors), draws, tune, chains, seed), d)
+
+
 def h4_pilot_estimates(idata, d: PrimaryData) -> dict:
     """6.3's pilot estimates of H4's model (``PilotEstimates.h4``): posterior means of the
     pilot's H4 fit (the primary model on probe log-odds, ``prepare(..., document=...)``) plus

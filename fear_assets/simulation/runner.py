@@ -16,7 +16,7 @@ rule is kept and flagged (``converged`` false), never dropped (D7).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -67,11 +67,10 @@ class Rules:
     def from_settings(cls, settings) -> "Rules":
         from fear_assets.analysis.h5_model import H5Priors
 
-        dec, ctrl = settings.decision, settings.section("positive_controls")
-        return cls(float(dec["hdi_prob"]), float(dec["sesoi"]), float(dec["meaningful"]),
-                   dict(settings.section("convergence")), float(ctrl["pass_min_mean"]), float(ctrl["hdi_above"]),
-                   float(settings.section("power")["slope_sd_inflation"]),
-                   float(settings.section("priors")["gate_c_reader_factor_sd"]), H5Priors.from_settings(settings))
+        dec, ctrl = settings.decision, settings.positive_controls
+        return cls(dec.hdi_prob, dec.sesoi, dec.meaningful, asdict(settings.convergence),
+                   ctrl.pass_min_mean, ctrl.hdi_above, settings.power.slope_sd_inflation,
+                   settings.priors.gate_c_reader_factor_sd, H5Priors.from_settings(settings))
 
 
 def dataset_seed(master_seed: int, family: str, scenario: str, frames: int, dataset: int, purpose: str) -> int:

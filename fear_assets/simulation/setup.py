@@ -15,7 +15,8 @@ from fear_assets.registration.record import analysis_code_sha256
 
 def sampler_of(settings, family_key: str) -> dict:
     if settings.family(family_key).role == "embedded":
-        return dict(settings.section("power")["demo"]["sampler"])
+        s = settings.power.demo.sampler
+        return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
     s = settings.sampler
     return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
 

@@ -51,12 +51,10 @@ class PowerTargets:
 
     @classmethod
     def from_settings(cls, settings) -> "PowerTargets":
-        p = settings.section("power")
-        return cls(float(p["supported_at_meaningful_min"]), float(p["supported_at_zero_max"]),
-                   float(p["equivalent_at_zero_min"]), float(p["gate_b_pass_min"]),
-                   float(p["joint_top_reading_min"]), float(p["joint_top_reading_zero_max"]),
-                   int(settings.design["confirmatory_frames_required"]), int(p["frame_block"]),
-                   int(p["frames_max"]))
+        p = settings.power
+        return cls(p.supported_at_meaningful_min, p.supported_at_zero_max, p.equivalent_at_zero_min,
+                   p.gate_b_pass_min, p.joint_top_reading_min, p.joint_top_reading_zero_max,
+                   int(settings.design["confirmatory_frames_required"]), p.frame_block, p.frames_max)
 
 
 def mcse(rate: float, n: int) -> float:

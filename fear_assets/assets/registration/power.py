@@ -33,7 +33,9 @@ from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import NOT_SIMULATED
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
 from fear_assets.simulation.generator import pilot_estimates
-from fear_assets.simulation.models import h5_pilot_estimates, h5_pilot_rows
+from fear_assets.analysis.h4 import h4_data
+from fear_assets.analysis.primary_model import Priors
+from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
 from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
@@ -57,11 +59,12 @@ def _power_dir(protocol: ProtocolResource) -> Path:
                "assignment_key": dg.AssetIn(partition_mapping=all_depths_of_family)})
 def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolResource, pilot_scores: pd.DataFrame,
                           assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame, pilot_depths: pd.DataFrame,
-                          pilot_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                          pilot_controls: pd.DataFrame, pilot_probe_outputs: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """6.3: the pilot estimates the simulation generates from: posterior means of the registered
     primary model (the demo family: with the demo's shorter sampler) on the pilot frames (fixed effects, frame and unit variance components,
-    residual scale, nu), the spread of the two surprisal covariates, and the pilot contrasts
-    of the positive controls."""
+    residual scale, nu), the spread of the two surprisal covariates, the pilot contrasts
+    of the positive controls, and (a registered family) H4's model on the pilot probe and H5's
+    probit on the pilot's forced choices."""
 
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
@@ -74,12 +77,17 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
                     derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
     est = pilot_estimates(fit.idata, fit.data, controls)
-    if settings.family(family_key).role != "embedded":  # issue 11: H5's probit at the pilot (the demo fits no H5)
+    if settings.family(family_key).role != "embedded":  # H4's and H5's models at the pilot (the demo fits neither)
         s = sampler_of(settings, family_key)
         h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])))
         h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
                                 int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
-        est = dataclasses.replace(est, h5=h5.as_dict())
+        probe = unmask_pilot(pilot_probe_outputs[pilot_probe_outputs["frame_set"] == "pilot"], assignment_key)
+        h4_table = h4_data(probe, sentence_surprisal, {i: bank.item(i).group for i in set(probe["item_id"])},
+                           settings.neutral_partner_option)
+        h4 = h4_pilot_fit(h4_table, settings.fears, Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
+                          int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h4", family_key) % 2**31)
+        est = dataclasses.replace(est, h4=h4, h5=h5.as_dict())
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
                          "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"]}])
     return dg.Output(out, metadata={"band": ",".join(band), "pilot trials": len(table),
@@ -116,10 +124,10 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     if path.exists():
         context.log.info(f"{key}: finished earlier ({path}); not refitted")
         return dg.MaterializeResult(metadata={"path": str(path), "resumed": True})
-    p = settings.section("power")
+    p = settings.power
     family = settings.family(family_key)
-    total = int(p["demo"]["datasets"]) if family.role == "embedded" else int(p["datasets"])
-    size = int(p["batch_size"])
+    total = p.demo.datasets if family.role == "embedded" else p.datasets
+    size = p.batch_size
     datasets = range(batch * size, min(total, (batch + 1) * size))
     est = PilotEstimates.from_dict(json.loads(power_pilot_estimates["estimates_json"].iloc[0]))
     band = str(power_pilot_estimates["band"].iloc[0]).split(",")
@@ -127,7 +135,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
                               dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
     fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
-    blocks = tuple(p["demo"]["blocks"]) if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
+    blocks = p.demo.blocks if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
                        settings.master_seed, log=context.log.info, blocks=blocks)
     write_batch(path, labels)
@@ -160,7 +168,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     t = PowerTargets.from_settings(settings)
     demo = family.role == "embedded"
     if demo:  # the reduced demo runs at its own frame count only
-        frames = int(settings.section("power")["demo"]["frames"])
+        frames = settings.power.demo.frames
         t = PowerTargets(**{**t.__dict__, "frames_start": frames, "frames_max": frames})
     if labels.empty:
         raise ValueError(f"no finished power batches under {directory}: materialise power_simulation for "
