@@ -111,16 +111,16 @@ def export(args) -> int:
     (out / EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
     np.savez(out / "arrays.npz", x0=v.x0, keep_idx=v.keep_idx, y_ref=np.asarray(warm.y, dtype=np.float64),
              Y=np.stack([d.y for d in data]).astype(np.float32), contrast_W=W, contrast_c=c)
-    sampler = settings.section("sampler")
-    conv = settings.section("convergence")
+    sampler, conv = settings.sampler, settings.convergence
     manifest = {
         "what": "registered primary model log density (build_model) exported with jax.export; benchmarks/power_gpu.py",
         "frames": args.frames, "depths": args.depths, "rows": design.rows, "dim": v.dim, "datasets": args.datasets,
         "names": v.names, "sizes": v.sizes, "keep": list(v.keep), "contrasts": names, "scenario": "meaningful",
         "dataset_seeds": "runner.dataset_seed(master_seed, 'bench', 'meaningful', frames, i, 'primary'), i = -1 (reference), 0..K-1",
         "master_seed": settings.master_seed, "settings_sha256": settings.sha256,
-        "sampler": {k: int(sampler[k]) for k in ("draws", "tune", "chains")},
-        "convergence": {k: float(conv[k]) for k in ("rhat_max", "ess_bulk_min", "ess_tail_min", "divergences_max")},
+        "sampler": {"draws": sampler.draws, "tune": sampler.tune, "chains": sampler.chains},
+        "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min, "ess_tail_min": conv.ess_tail_min,
+                        "divergences_max": conv.divergences_max},
         "Y_dtype": "float32 (cast to float64 on the device)", "platforms": ["cpu", "cuda"],
         "jax_export_version": __import__("jax").__version__, "export_s": export_s,
         "check_vs_pymc": {"points": args.check_points, "max_diff": check, "seconds": check_s},
@@ -135,6 +135,11 @@ def export(args) -> int:
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
+def _brief(v):
+    """A result entry without its per-dataset lists (for the progress lines)."""
+    return {k: _brief(x) for k, x in v.items() if not isinstance(x, list)} if isinstance(v, dict) else v
+
+
 def run(args) -> int:
     if args.platform:
         os.environ["JAX_PLATFORMS"] = args.platform
@@ -143,10 +148,17 @@ def run(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    t = time.perf_counter()
+    devices = jax.devices()
+    backend_init_s = time.perf_counter() - t
     import jax.numpy as jnp
 
     vec, diag = _load("vectorised"), _load("diagnostics")
     art = Path(args.artefacts)
+    missing = [n for n in ("manifest.json", "arrays.npz", EXPORT_FILE) if not (art / n).is_file()]
+    if missing:
+        raise SystemExit(f"{art}: {missing} missing; write them with `benchmarks/power_gpu.py export` where PyMC is "
+                         f"installed and carry the folder (--artefacts names another one)")
     manifest = json.loads((art / "manifest.json").read_text())
     arr = np.load(art / "arrays.npz")
     Y_all = arr["Y"].astype(np.float64)
@@ -158,16 +170,19 @@ def run(args) -> int:
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "power_gpu.json"
-    res = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+    res = {"devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "backend_init_s": backend_init_s,
+           "jax": jax.__version__,
            "blackjax": __import__("blackjax").__version__, "manifest": manifest,
            "settings": {"warmup": args.warmup, "draws": draws, "chains": chains, "adapt": args.adapt,
                         "target_accept": args.target_accept, "max_seconds": args.max_seconds},
            "skipped": [], "load_before": os.getloadavg()}
 
-    def save(step):
+    def save(step, sub=None):
+        """Rewrite the JSON (a killed run keeps every finished step) and print the new entry."""
         res["elapsed_s"] = time.perf_counter() - t_start
         path.write_text(json.dumps(res, indent=2) + "\n")
-        print(f"[{res['elapsed_s']:.1f} s] {step}: {json.dumps(res.get(step), default=str)[:600]}", flush=True)
+        entry = res.get(step) if sub is None else {sub: res[step][sub]}
+        print(f"[{res['elapsed_s']:.1f} s] {step}: {json.dumps(_brief(entry), default=str)[:900]}", flush=True)
 
     def left():
         return deadline - time.perf_counter()
@@ -216,7 +231,7 @@ def run(args) -> int:
         call_ms[b] = 1e3 * (time.perf_counter() - t) / reps
         res["b_vmapped_gradient"][str(b)] = {"compile_s": comp, "ms_per_call": call_ms[b],
                                              "ms_per_dataset_gradient": call_ms[b] / b, "reps": reps}
-        save("b_vmapped_gradient")
+        save("b_vmapped_gradient", str(b))
 
     # (c) reference adaptation on the reference dataset
     sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
@@ -229,17 +244,26 @@ def run(args) -> int:
     # (d) many datasets at once
     res["d_fit_many"] = {}
 
+    def call_cost(batch):
+        """Measured (or linearly extrapolated) ms of one vmapped gradient call at ``batch``."""
+        if not call_ms:
+            return float(batch)
+        known = sorted(call_ms)
+        big = min([b for b in known if b >= batch] or [known[-1]])
+        return call_ms[big] * max(1.0, batch / big)
+
     def projected(K):
-        """Conservative: the reference's seconds per step scaled by the gradient call time at
-        K x chains vs at 1, x2 for the longest tree among more chains, plus a compile as long
-        as the reference's."""
-        per_step = tm["run_s"] / args.adapt
-        b_known = sorted(call_ms)
-        ratio = 1.0
-        if b_known:
-            big = min([b for b in b_known if b >= K * chains] or [b_known[-1]])
-            ratio = max(1.0, call_ms[big] * max(1.0, K * chains / big) / call_ms[b_known[0]])
-        return tm["compile_s"] * 1.5 + 2.0 * per_step * (args.warmup + draws) * ratio
+        """Conservative seconds for fitting K datasets: from the last measured fit (its run
+        scaled by the gradient call cost at K x chains vs its own, x1.3 for longer maximal
+        trees among more chains, plus its compile x1.5); before any fit, from the reference
+        adaptation's seconds per step (x2 for the warm-up's and draws' trees)."""
+        done = res["d_fit_many"]
+        if done:
+            prev = done[max(done, key=int)]
+            scale = max(1.0, call_cost(K * chains) / call_cost(int(prev["K"]) * chains))
+            return 1.5 * prev["compile_s"] + 1.3 * prev["run_s"] * scale * (args.warmup + draws) / (prev["warmup"] + prev["draws"])
+        scale = max(1.0, call_cost(K * chains) / call_cost(chains))
+        return 1.5 * tm["compile_s"] + 2.0 * tm["run_s"] / args.adapt * (args.warmup + draws) * scale
 
     for K in args.datasets:
         K = min(K, len(Y_all))
@@ -262,15 +286,18 @@ def run(args) -> int:
             | (fit["divergences"].sum(axis=1) > conv["divergences_max"])
         s_ess = per_ds * target / min_ess.mean()
         res["d_fit_many"][str(K)] = {
-            "compile_s": tm_k["compile_s"], "run_s": tm_k["run_s"], "projected_s": est, "wall_s_per_dataset": per_ds,
+            "K": K, "compile_s": tm_k["compile_s"], "run_s": tm_k["run_s"], "projected_s": est, "wall_s_per_dataset": per_ds,
             "gradients_per_dataset": float(fit["gradients"].sum(axis=1).mean()),
             "divergences_total": int(fit["divergences"].sum()), "step_size_mean": float(fit["step_size"].mean()),
             "h2_min_ess_mean": float(min_ess.mean()), "h2_min_ess_min": float(min_ess.min()),
             "h2_rhat_max": float(rh.max()), "h2_fails_convergence_rule": int(fails.sum()),
             "h_means_mean": dict(zip(manifest["contrasts"], map(float, h.mean(axis=(0, 1, 2))))),
             "s_to_ess400_per_dataset": s_ess, "datasets_per_hour_at_ess400": 3600.0 / s_ess,
-            "warmup": args.warmup, "draws": draws, "chains": chains}
-        save("d_fit_many")
+            "warmup": args.warmup, "draws": draws, "chains": chains,
+            "h2_min_ess_per_dataset": [round(float(e), 1) for e in min_ess],
+            "h2_rhat_per_dataset": [round(float(r), 4) for r in rh],
+            "divergences_per_dataset": fit["divergences"].sum(axis=1).tolist()}
+        save("d_fit_many", str(K))
     res["load_after"] = os.getloadavg()
     save("skipped")
     done = res["d_fit_many"]
@@ -297,7 +324,9 @@ def main() -> int:
     r = sub.add_parser("run", help="device side: numpy, scipy, jax, blackjax only")
     r.add_argument("--artefacts", default=str(ART))
     r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
-    r.add_argument("--datasets", type=int, nargs="*", default=[64, 256])
+    r.add_argument("--datasets", type=int, nargs="*", default=[16, 64, 256],
+                   help="K per fit, in order; each later K is projected from the previous fit and skipped if it "
+                        "would pass --max-seconds")
     r.add_argument("--grad-batches", type=int, nargs="*", default=[1, 64, 256, 1024])
     r.add_argument("--reps", type=int, default=50)
     r.add_argument("--adapt", type=int, default=250)

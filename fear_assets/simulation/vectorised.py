@@ -97,9 +97,17 @@ def export_logdensity(logdensity: Callable, dim: int, rows: int, dtype=np.float6
 
     batched = jax.jit(jax.vmap(jax.value_and_grad(logdensity)))
     (b,) = jax.export.symbolic_shape("b")
-    exp = jax.export.export(batched, platforms=tuple(platforms))(jax.ShapeDtypeStruct((b, dim), dtype),
-                                                                 jax.ShapeDtypeStruct((b, rows), dtype))
-    return bytes(exp.serialize())
+    # no file names in the module's debug locations (PyTensor's JAX code lives in temporary
+    # files with random names; local paths need not travel). Two exports of one model can still
+    # differ in a location's line number, never in the program.
+    regex = jax.config.jax_hlo_source_file_canonicalization_regex
+    jax.config.update("jax_hlo_source_file_canonicalization_regex", ".*")
+    try:
+        exp = jax.export.export(batched, platforms=tuple(platforms))(jax.ShapeDtypeStruct((b, dim), dtype),
+                                                                     jax.ShapeDtypeStruct((b, rows), dtype))
+        return bytes(exp.serialize())
+    finally:
+        jax.config.update("jax_hlo_source_file_canonicalization_regex", regex)
 
 
 def exported_logdensity(blob: bytes) -> Callable:
