@@ -307,7 +307,7 @@ def run(args) -> int:
           f"grad_ms_per_dataset_at_b{max(call_ms, default=0)}={b_big.get('ms_per_dataset_gradient', float('nan')):.4f} "
           + (f"K={max(map(int, done))} s_per_dataset={best['wall_s_per_dataset']:.3f} "
              f"s_to_ess400={best['s_to_ess400_per_dataset']:.3f} datasets_per_hour_ess400={best['datasets_per_hour_at_ess400']:.0f} "
-             f"fails_rule={best['h2_fails_convergence_rule']}" if best else "no fit_many run (time)")
+             f"fails_rule={best['h2_fails_convergence_rule']}" if best else "no fit_many run (none asked, or all skipped: see skipped)")
           + f" json={path}")
     return 0
 
