@@ -16,12 +16,20 @@ Model and priors are untouched; only the sampler's adaptation differs from the r
 path, so the candidate is used only where ``benchmarks/power.py`` shows its 99% HDIs within
 0.02 of a long run on the same datasets. Every fit keeps its draws per chain (R-hat, ESS) and
 its divergences.
+
+The sampler (``BatchedNUTS``) needs only a JAX log density of (x, y) and its dimension, start
+point and kept indices: it imports no PyMC, so it also runs from a log density that was
+exported here (``export_logdensity``, ``jax.export`` with a symbolic batch dimension) and
+loaded on a machine without PyMC (``exported_logdensity``; ``benchmarks/power_gpu.py``).
+Only ``VectorisedNUTS`` / ``jaxified_logdensity`` build the log density from the registered
+model, and they import PyMC inside.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -33,55 +41,134 @@ class Reference:
     positions: np.ndarray  # (chains, dim): where each dataset's chains start
 
 
-class VectorisedNUTS:
-    """One JAX log density of the registered model for a design; ``fit_many`` samples K
-    datasets' outcomes at once. ``keep`` names the model variables whose draws are returned
-    (untransformed ones: ``intercept``, ``beta``)."""
+@dataclass
+class JaxifiedModel:
+    """The registered model's log density of (flat unconstrained parameters, outcome vector)
+    and the layout of the flat vector."""
+    logdensity: Callable
+    names: list
+    shapes: list
+    sizes: list
+    x0: np.ndarray
 
-    def __init__(self, model, keep: Sequence[str] = ("intercept", "beta"), float32: bool = False):
+    @property
+    def dim(self) -> int:
+        return int(sum(self.sizes))
+
+    def slices(self) -> dict:
+        offsets = np.cumsum([0] + self.sizes)
+        return {n: slice(int(offsets[i]), int(offsets[i + 1])) for i, n in enumerate(self.names)}
+
+
+def jaxified_logdensity(model) -> JaxifiedModel:
+    """PyMC's own JAX graph of ``model.logp(jacobian=True)`` with the observed outcome ``y``
+    replaced by an input (same graph, same priors). Imports PyMC and PyTensor."""
+    import pytensor
+    import pytensor.tensor as pt
+    from pymc.sampling.jax import get_jaxified_graph
+
+    y_in = pt.vector("y_in")
+    logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), {model["y"]: y_in}, strict=False)
+    values = model.value_vars
+    fn = get_jaxified_graph(inputs=[*values, y_in], outputs=[logp])
+    point = model.initial_point()
+    names = [v.name for v in values]
+    shapes = [np.asarray(point[n]).shape for n in names]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    def logdensity(x, y):
+        parts, i = [], 0
+        for n, sh in zip(sizes, shapes):
+            parts.append(x[i:i + n].reshape(sh))
+            i += n
+        return fn(*parts, y)[0]
+
+    x0 = np.concatenate([np.asarray(point[n], dtype=float).reshape(-1) for n in names])
+    return JaxifiedModel(logdensity, names, shapes, sizes, x0)
+
+
+def export_logdensity(logdensity: Callable, dim: int, rows: int, dtype=np.float64,
+                      platforms: Sequence[str] = ("cpu", "cuda")) -> bytes:
+    """Serialized ``jax.export`` of the batched value and gradient: (X (b, dim), Y (b, rows))
+    -> (values (b,), gradients (b, dim)), b symbolic, lowered for every platform named (a
+    CPU-only jaxlib cross-lowers for 'cuda'). An exported function has no vmap rule, hence the
+    explicit batch; ``exported_logdensity`` restores per-chain calls."""
+    import jax
+
+    batched = jax.jit(jax.vmap(jax.value_and_grad(logdensity)))
+    (b,) = jax.export.symbolic_shape("b")
+    # no file names in the module's debug locations (PyTensor's JAX code lives in temporary
+    # files with random names; local paths need not travel). Two exports of one model can still
+    # differ in a location's line number, never in the program.
+    regex = jax.config.jax_hlo_source_file_canonicalization_regex
+    jax.config.update("jax_hlo_source_file_canonicalization_regex", ".*")
+    try:
+        exp = jax.export.export(batched, platforms=tuple(platforms))(jax.ShapeDtypeStruct((b, dim), dtype),
+                                                                     jax.ShapeDtypeStruct((b, rows), dtype))
+        return bytes(exp.serialize())
+    finally:
+        jax.config.update("jax_hlo_source_file_canonicalization_regex", regex)
+
+
+def exported_logdensity(blob: bytes) -> Callable:
+    """A log density of (x, y) that BlackJAX can differentiate and vmap, from
+    ``export_logdensity``'s bytes: ``custom_vmap`` sends a vmapped call to the batched export
+    (an unbatched argument broadcast), ``custom_vjp`` returns the exported gradient. One vmap
+    level (``BatchedNUTS`` flattens datasets x chains into one axis)."""
+    import jax
+    import jax.numpy as jnp
+
+    exp = jax.export.deserialize(bytearray(blob))
+
+    @jax.custom_batching.custom_vmap
+    def value_and_grad(x, y):
+        v, g = exp.call(x[None], y[None])
+        return v[0], g[0]
+
+    @value_and_grad.def_vmap
+    def _batched(axis_size, in_batched, x, y):
+        x = x if in_batched[0] else jnp.broadcast_to(x, (axis_size,) + x.shape)
+        y = y if in_batched[1] else jnp.broadcast_to(y, (axis_size,) + y.shape)
+        return exp.call(x, y), (True, True)
+
+    @jax.custom_vjp
+    def logdensity(x, y):
+        return value_and_grad(x, y)[0]
+
+    def fwd(x, y):
+        v, g = value_and_grad(x, y)
+        return v, (g, jnp.zeros_like(y))
+
+    def bwd(res, ct):
+        g, zy = res
+        return ct * g, zy  # the outcome is data: its cotangent is never used
+
+    logdensity.defvjp(fwd, bwd)
+    return logdensity
+
+
+class BatchedNUTS:
+    """BlackJAX NUTS over many datasets' chains in one JAX program, from any log density
+    ``logdensity(x, y)`` (x: flat unconstrained parameters of size ``dim``, y: one dataset's
+    outcome vector). ``keep_idx``: the entries of x whose draws are returned. No PyMC here."""
+
+    def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray, float32: bool = False):
         import jax
-        import pytensor
-        import pytensor.tensor as pt
-        from pymc.sampling.jax import get_jaxified_graph
 
         jax.config.update("jax_enable_x64", not float32)
         self.dtype = np.float32 if float32 else np.float64
-        y_shared = model["y"]
-        y_in = pt.vector("y_in")
-        logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), {y_shared: y_in}, strict=False)
-        values = model.value_vars
-        fn = get_jaxified_graph(inputs=[*values, y_in], outputs=[logp])
-        point = model.initial_point()
-        self.names = [v.name for v in values]
-        self.shapes = [np.asarray(point[n]).shape for n in self.names]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
-        self.dim = sum(self.sizes)
-        self.x0 = np.concatenate([np.asarray(point[n], dtype=float).reshape(-1) for n in self.names])
-        offsets = np.cumsum([0] + self.sizes)
-        self.slices = {n: slice(int(offsets[i]), int(offsets[i + 1])) for i, n in enumerate(self.names)}
-        missing = [k for k in keep if k not in self.slices]
-        if missing:
-            raise ValueError(f"variables {missing} are not untransformed value variables of the model "
-                             f"({self.names}): keep only those")
-        self.keep = tuple(keep)
-        keep_idx = np.concatenate([np.arange(self.dim)[self.slices[k]] for k in self.keep])
-        self.keep_idx = keep_idx
-        sizes, shapes = self.sizes, self.shapes
-
-        def logdensity(x, y):
-            parts, i = [], 0
-            for n, sh in zip(sizes, shapes):
-                parts.append(x[i:i + n].reshape(sh))
-                i += n
-            return fn(*parts, y)[0]
-
         self.logdensity = logdensity
+        self.dim = int(dim)
+        self.x0 = np.asarray(x0, dtype=float)
+        self.keep_idx = np.asarray(keep_idx, dtype=np.int64)
         self._run = None
 
     # -- reference adaptation on one dataset --------------------------------------------------
-    def reference(self, y: np.ndarray, seed: int, steps: int, chains: int, dense: bool = True) -> Reference:
+    def reference(self, y: np.ndarray, seed: int, steps: int, chains: int, dense: bool = True,
+                  timings: dict | None = None) -> Reference:
         """BlackJAX window adaptation on one dataset, one run per chain (vmapped); the mass
-        matrices and step sizes are averaged over chains (log scale for the step size)."""
+        matrices and step sizes are averaged over chains (log scale for the step size).
+        ``timings`` (if given) gets ``compile_s`` and ``run_s``."""
         import blackjax
         import jax
         import jax.numpy as jnp
@@ -97,7 +184,12 @@ class VectorisedNUTS:
             (state, params), _ = warm.run(key, x, num_steps=steps)
             return state.position, params["step_size"], params["inverse_mass_matrix"]
 
-        pos, step, imm = jax.jit(jax.vmap(adapt))(keys[1:], inits)
+        t = time.perf_counter()
+        compiled = jax.jit(jax.vmap(adapt)).lower(keys[1:], inits).compile()
+        t1 = time.perf_counter()
+        pos, step, imm = jax.block_until_ready(compiled(keys[1:], inits))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
         return Reference(float(np.exp(np.mean(np.log(np.asarray(step))))), np.asarray(imm).mean(axis=0),
                          np.asarray(pos))
 
@@ -134,31 +226,98 @@ class VectorisedNUTS:
             _, (kept, div, n_draw) = jax.lax.scan(draw_step, state, jax.random.split(kd, draws))
             return kept, div.sum(), n_warm.sum() + n_draw.sum(), step
 
-        # datasets x chains: vmap over chains inside, datasets outside
-        per_dataset = jax.vmap(chain, in_axes=(0, 0, None, None, None))
-        return jax.jit(jax.vmap(per_dataset, in_axes=(0, None, 0, None, None)))
+        # datasets x chains flattened into ONE vmap axis (an exported log density batches one level)
+        per_chain = jax.vmap(chain, in_axes=(0, 0, 0, None, None))
 
-    def fit_many(self, Y: np.ndarray, ref: Reference, seed: int, warmup: int, draws: int,
-                 target_accept: float = 0.8) -> dict:
-        """``Y``: (K datasets, rows). Returns kept draws (K, chains, draws, kept dim), the
-        divergences (K, chains), gradient evaluations (K, chains) and the final step sizes."""
+        def run(keys, positions, Y, step0, imm):
+            K, chains = keys.shape[:2]
+            flat = per_chain(keys.reshape((K * chains,) + keys.shape[2:]), jnp.tile(positions, (K, 1)),
+                             jnp.repeat(Y, chains, axis=0), step0, imm)
+            return jax.tree_util.tree_map(lambda a: a.reshape((K, chains) + a.shape[1:]), flat)
+
+        return jax.jit(run)
+
+    def fit_kept(self, Y: np.ndarray, ref: Reference, seed: int, warmup: int, draws: int,
+                 target_accept: float = 0.8, timings: dict | None = None) -> dict:
+        """``Y``: (K datasets, rows). Returns ``kept`` draws (K, chains, draws, len(keep_idx)),
+        ``divergences`` and ``gradients`` (K, chains), the final ``step_size`` (K, chains).
+        ``timings`` (if given) gets ``compile_s`` (lowering + XLA compile, first call per shape
+        only) and ``run_s``."""
         import jax
         import jax.numpy as jnp
 
-        key = (warmup, draws, target_accept)
-        if self._run is None or self._run[0] != key:
-            self._run = (key, self._compile(warmup, draws, target_accept))
-        run = self._run[1]
         K, chains = len(Y), len(ref.positions)
         keys = jax.random.split(jax.random.PRNGKey(seed), K * chains).reshape(K, chains, -1)
-        kept, div, grads, step = run(keys, jnp.asarray(ref.positions, dtype=self.dtype),
-                                     jnp.asarray(Y, dtype=self.dtype), jnp.asarray(ref.step_size, dtype=self.dtype),
-                                     jnp.asarray(ref.inverse_mass_matrix, dtype=self.dtype))
-        kept = np.asarray(kept, dtype=float)
-        out = {"divergences": np.asarray(div), "gradients": np.asarray(grads), "step_size": np.asarray(step)}
-        i = 0
+        args = (keys, jnp.asarray(ref.positions, dtype=self.dtype), jnp.asarray(Y, dtype=self.dtype),
+                jnp.asarray(ref.step_size, dtype=self.dtype), jnp.asarray(ref.inverse_mass_matrix, dtype=self.dtype))
+        key = (warmup, draws, target_accept, K, chains, np.shape(Y)[1])
+        t = time.perf_counter()
+        if self._run is None or self._run[0] != key:
+            self._run = (key, self._compile(warmup, draws, target_accept).lower(*args).compile())
+        t1 = time.perf_counter()
+        kept, div, grads, step = jax.block_until_ready(self._run[1](*args))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
+        return {"kept": np.asarray(kept, dtype=float), "divergences": np.asarray(div),
+                "gradients": np.asarray(grads), "step_size": np.asarray(step)}
+
+
+class VectorisedNUTS(BatchedNUTS):
+    """One JAX log density of the registered model for a design; ``fit_many`` samples K
+    datasets' outcomes at once. ``keep`` names the model variables whose draws are returned
+    (untransformed ones: ``intercept``, ``beta``)."""
+
+    def __init__(self, model, keep: Sequence[str] = ("intercept", "beta"), float32: bool = False):
+        import jax
+
+        jax.config.update("jax_enable_x64", not float32)  # before PyMC's graph is jaxified
+        jm = jaxified_logdensity(model)
+        self.model = jm
+        self.names, self.shapes, self.sizes = jm.names, jm.shapes, jm.sizes
+        self.slices = jm.slices()
+        missing = [k for k in keep if k not in self.slices]
+        if missing:
+            raise ValueError(f"variables {missing} are not untransformed value variables of the model "
+                             f"({self.names}): keep only those")
+        self.keep = tuple(keep)
+        keep_idx = np.concatenate([np.arange(jm.dim)[self.slices[k]] for k in self.keep])
+        super().__init__(jm.logdensity, jm.dim, jm.x0, keep_idx, float32)
+
+    def fit_many(self, Y: np.ndarray, ref: Reference, seed: int, warmup: int, draws: int,
+                 target_accept: float = 0.8) -> dict:
+        """``Y``: (K datasets, rows). Returns kept draws per variable (K, chains, draws, shape),
+        the divergences (K, chains), gradient evaluations (K, chains) and the final step sizes."""
+        res = self.fit_kept(Y, ref, seed, warmup, draws, target_accept)
+        kept = res.pop("kept")
+        out, i = dict(res), 0
         for name in self.keep:
             n = self.sizes[self.names.index(name)]
             out[name] = kept[..., i:i + n].reshape(kept.shape[:3] + self.shapes[self.names.index(name)])
             i += n
         return out
+
+
+def check_export(model, jm: JaxifiedModel, blob: bytes, y: np.ndarray, points: np.ndarray) -> dict:
+    """Largest differences between the exported log density (and its gradient) and PyMC's own
+    compiled ``model.compile_logp()`` / ``compile_dlogp()`` at ``points`` (n, dim), with the
+    model's observed outcome equal to ``y``: absolute, and relative (|diff| / max(1, |logp|),
+    for the gradient normwise: / max(1, max |dlogp|)). Gradient entries are sums of large
+    terms over thousands of rows that partly cancel, so two correct summation orders (PyTensor's
+    C code, XLA) differ by ~1e-9 absolute in one entry; the normwise scale is the fair one."""
+    import jax.numpy as jnp
+
+    logp, dlogp = model.compile_logp(jacobian=True), model.compile_dlogp(jacobian=True)
+    exp = __import__("jax").export.deserialize(bytearray(blob))
+    values, grads = exp.call(jnp.asarray(points), jnp.asarray(np.broadcast_to(y, (len(points), len(y)))))
+    out = {"logp": 0.0, "dlogp": 0.0, "logp_rel": 0.0, "dlogp_rel": 0.0}
+    for x, v, g in zip(points, np.asarray(values), np.asarray(grads)):
+        point, i = {}, 0
+        for n, sh, k in zip(jm.names, jm.shapes, jm.sizes):
+            point[n] = np.asarray(x[i:i + k]).reshape(sh)
+            i += k
+        lp, dlp = float(logp(point)), np.asarray(dlogp(point))
+        out["logp"] = max(out["logp"], abs(lp - float(v)))
+        out["dlogp"] = max(out["dlogp"], float(np.max(np.abs(dlp - g))))
+        out["logp_rel"] = max(out["logp_rel"], abs(lp - float(v)) / max(1.0, abs(lp)))
+        out["dlogp_rel"] = max(out["dlogp_rel"], float(np.max(np.abs(dlp - g)) / max(1.0, np.max(np.abs(dlp)))))
+    return out

@@ -1,0 +1,343 @@
+"""The vectorised fitting path (``fear_assets.simulation.vectorised``) on a GPU, at the
+registered size (50 frames x 8 depths, 14,400 rows, primary block), for a machine WITHOUT PyMC.
+
+Two steps:
+
+    # here (PyMC): the registered model's log density exported for cpu and cuda, the outcomes
+    nice -n 10 .venv/bin/python benchmarks/power_gpu.py export --frames 50 --depths 8 --datasets 256
+    # on the device (numpy, scipy, jax, blackjax only; reads .gpu_power/)
+    python benchmarks/power_gpu.py run --platform cuda --datasets 64 256 --max-seconds 270
+
+``export`` builds the registered design (``benchmarks/power.py``'s ``datasets``: scenario
+``meaningful``, seeds from the registered master seed), turns ``build_model`` into PyMC's JAX
+log density of (unconstrained parameters, outcome vector), checks it against PyMC's own
+``compile_logp``/``compile_dlogp``, and writes ``.gpu_power/``: ``logdensity.jaxexport.gz``
+(``jax.export``, serialized and gzipped, batch dimension symbolic, lowered for cpu and cuda), ``arrays.npz`` (start
+point, kept indices, the reference dataset's outcomes in float64, K datasets' outcomes in
+float32 to keep the folder small: the device fits those rounded outcomes, exact in float64;
+the H1-H3 contrasts as weights on the kept draws) and ``manifest.json`` (rows, dim, seeds,
+registered sampler and convergence settings, settings sha256).
+
+``run`` times (a) one dataset's value-and-gradient, (b) vmapped value-and-gradient at several
+batch sizes (ms per dataset-gradient), (c) the reference adaptation (BlackJAX window
+adaptation on the reference dataset), (d) ``fit_kept`` on K datasets x chains (warm-up with the
+reference's mass matrix, then the registered number of draws), with JIT/compile seconds apart;
+per K: wall s per dataset, gradients per dataset, divergences, step size, the H2 contrast's
+min(bulk, tail) ESS and R-hat (``fear_assets.simulation.diagnostics``, no ArviZ), s to ESS 400,
+datasets per hour at ESS 400, fits failing the registered convergence rule (counted, never
+dropped). Results go to ``$OUT/power_gpu.json`` (else ``benchmarks/results/power_gpu.json``),
+rewritten after every step so a killed run keeps what it measured; ``--max-seconds`` skips a
+step whose projected time would pass it. The sampler modules are loaded by file path, so
+``fear_assets/__init__`` (and its imports) never runs on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ART = ROOT / ".gpu_power"
+EXPORT_FILE = "logdensity.jaxexport.gz"
+
+import numpy as np  # noqa: E402
+
+
+def _load(name: str):
+    """A module of fear_assets/simulation by file path (no package __init__ imports)."""
+    path = ROOT / "fear_assets" / "simulation" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"power_gpu_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- export (needs PyMC) ----------------------------------------------------------------------
+def contrast_weights(d, band, keep_sizes) -> tuple[np.ndarray, np.ndarray, list]:
+    """H1-H3 as an affine map of the kept vector [intercept, beta]: H = kept @ W + c. Exact:
+    ``cell_means`` and ``hypotheses`` are linear in (intercept, beta); checked on random draws."""
+    from fear_assets.analysis.primary_model import cell_means, hypotheses
+
+    n = sum(keep_sizes)
+    basis = np.vstack([np.zeros(n), np.eye(n)])
+
+    def H(kept):
+        h = hypotheses(cell_means(d, kept[:, 1:], kept[:, 0], band))
+        return list(h), np.stack([np.asarray(h[k]) for k in h], axis=1)
+
+    names, hb = H(basis)
+    c, W = hb[0], hb[1:] - hb[0]
+    test = np.random.default_rng(0).normal(size=(7, n))
+    if not np.allclose(H(test)[1], test @ W + c, atol=1e-10):
+        raise RuntimeError("the H1-H3 contrasts are not affine in (intercept, beta): power_gpu's weights do not apply")
+    return W, c, names
+
+
+def export(args) -> int:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from fear_assets.analysis.primary_model import Priors, build_model
+    from fear_assets.settings import load_settings
+    from fear_assets.simulation.vectorised import VectorisedNUTS, check_export, export_logdensity
+    from power import datasets  # benchmarks/power.py's generator
+
+    t0 = time.perf_counter()
+    settings = load_settings()
+    design, warm, data = datasets(settings, args.frames, args.depths, args.datasets)
+    model = build_model(warm, Priors.from_settings(settings))
+    v = VectorisedNUTS(model)
+    t = time.perf_counter()
+    blob = export_logdensity(v.logdensity, v.dim, design.rows, platforms=("cpu", "cuda"))
+    export_s = time.perf_counter() - t
+    rng = np.random.default_rng(settings.master_seed)
+    points = v.x0 + rng.normal(0.0, 0.3, (args.check_points, v.dim))
+    t = time.perf_counter()
+    check = check_export(model, v.model, blob, warm.y, points)
+    check_s = time.perf_counter() - t
+    if max(check["logp_rel"], check["dlogp_rel"]) > 1e-8:
+        raise RuntimeError(f"exported log density differs from PyMC's: {check}")
+    W, c, names = contrast_weights(warm, list(design.band), [v.sizes[v.names.index(k)] for k in v.keep])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # gzip: the design's constants (indices, covariates) in the module compress ~9x
+    (out / EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
+    np.savez(out / "arrays.npz", x0=v.x0, keep_idx=v.keep_idx, y_ref=np.asarray(warm.y, dtype=np.float64),
+             Y=np.stack([d.y for d in data]).astype(np.float32), contrast_W=W, contrast_c=c)
+    sampler, conv = settings.sampler, settings.convergence
+    manifest = {
+        "what": "registered primary model log density (build_model) exported with jax.export; benchmarks/power_gpu.py",
+        "frames": args.frames, "depths": args.depths, "rows": design.rows, "dim": v.dim, "datasets": args.datasets,
+        "names": v.names, "sizes": v.sizes, "keep": list(v.keep), "contrasts": names, "scenario": "meaningful",
+        "dataset_seeds": "runner.dataset_seed(master_seed, 'bench', 'meaningful', frames, i, 'primary'), i = -1 (reference), 0..K-1",
+        "master_seed": settings.master_seed, "settings_sha256": settings.sha256,
+        "sampler": {"draws": sampler.draws, "tune": sampler.tune, "chains": sampler.chains},
+        "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min, "ess_tail_min": conv.ess_tail_min,
+                        "divergences_max": conv.divergences_max},
+        "Y_dtype": "float32 (cast to float64 on the device)", "platforms": ["cpu", "cuda"],
+        "jax_export_version": __import__("jax").__version__, "export_s": export_s,
+        "check_vs_pymc": {"points": args.check_points, "max_diff": check, "seconds": check_s},
+        "export_sha256": hashlib.sha256(blob).hexdigest(),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(json.dumps({**manifest, "folder_bytes": size, "total_s": time.perf_counter() - t0}, indent=1))
+    print(f"exported rows={design.rows} dim={v.dim} datasets={args.datasets} bytes={size} "
+          f"max_rel_diff_logp={check['logp_rel']:.1e} max_rel_diff_dlogp={check['dlogp_rel']:.1e} (abs {check['logp']:.1e}, {check['dlogp']:.1e})")
+    return 0
+
+
+# -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
+def _brief(v):
+    """A result entry without its per-dataset lists (for the progress lines)."""
+    return {k: _brief(x) for k, x in v.items() if not isinstance(x, list)} if isinstance(v, dict) else v
+
+
+def run(args) -> int:
+    if args.platform:
+        os.environ["JAX_PLATFORMS"] = args.platform
+    t_start = time.perf_counter()
+    deadline = t_start + args.max_seconds
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    t = time.perf_counter()
+    devices = jax.devices()
+    backend_init_s = time.perf_counter() - t
+    import jax.numpy as jnp
+
+    vec, diag = _load("vectorised"), _load("diagnostics")
+    art = Path(args.artefacts)
+    missing = [n for n in ("manifest.json", "arrays.npz", EXPORT_FILE) if not (art / n).is_file()]
+    if missing:
+        raise SystemExit(f"{art}: {missing} missing; write them with `benchmarks/power_gpu.py export` where PyMC is "
+                         f"installed and carry the folder (--artefacts names another one)")
+    manifest = json.loads((art / "manifest.json").read_text())
+    arr = np.load(art / "arrays.npz")
+    Y_all = arr["Y"].astype(np.float64)
+    y_ref, W, c = arr["y_ref"], arr["contrast_W"], arr["contrast_c"]
+    draws = args.draws or manifest["sampler"]["draws"]
+    chains = manifest["sampler"]["chains"]
+    conv = manifest["convergence"]
+    target = conv["ess_bulk_min"]
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "power_gpu.json"
+    res = {"devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "backend_init_s": backend_init_s,
+           "jax": jax.__version__,
+           "blackjax": __import__("blackjax").__version__, "manifest": manifest,
+           "settings": {"warmup": args.warmup, "draws": draws, "chains": chains, "adapt": args.adapt,
+                        "target_accept": args.target_accept, "max_seconds": args.max_seconds},
+           "skipped": [], "load_before": os.getloadavg()}
+
+    def save(step, sub=None):
+        """Rewrite the JSON (a killed run keeps every finished step) and print the new entry."""
+        res["elapsed_s"] = time.perf_counter() - t_start
+        path.write_text(json.dumps(res, indent=2) + "\n")
+        entry = res.get(step) if sub is None else {sub: res[step][sub]}
+        print(f"[{res['elapsed_s']:.1f} s] {step}: {json.dumps(_brief(entry), default=str)[:900]}", flush=True)
+
+    def left():
+        return deadline - time.perf_counter()
+
+    # what this process imported: the device has none of these, so none may be needed
+    res["imported_project_modules"] = sorted(m for m in ("fear_assets", "pymc", "pytensor", "arviz", "dagster", "duckdb")
+                                             if m in sys.modules)
+    t = time.perf_counter()
+    ld = vec.exported_logdensity(gzip.decompress((art / EXPORT_FILE).read_bytes()))
+    res["deserialise_s"] = time.perf_counter() - t
+    dim, rows = manifest["dim"], manifest["rows"]
+    rng = np.random.default_rng(manifest["master_seed"])
+
+    # (a) one dataset's value and gradient
+    g1 = jax.jit(jax.value_and_grad(ld))
+    x = jnp.asarray(arr["x0"] + rng.normal(0, 0.1, dim))
+    y = jnp.asarray(y_ref)
+    t = time.perf_counter()
+    g1c = g1.lower(x, y).compile()
+    comp = time.perf_counter() - t
+    jax.block_until_ready(g1c(x, y))
+    t = time.perf_counter()
+    for _ in range(args.reps):
+        jax.block_until_ready(g1c(x, y))
+    res["a_single_gradient"] = {"compile_s": comp, "ms": 1e3 * (time.perf_counter() - t) / args.reps}
+    save("a_single_gradient")
+
+    # (b) vmapped value and gradient (the path NUTS uses: custom_vmap -> the batched export)
+    gb = jax.jit(jax.vmap(jax.value_and_grad(ld)))
+    res["b_vmapped_gradient"] = {}
+    call_ms = {}
+    for b in args.grad_batches:
+        if left() < 20:
+            res["skipped"].append(f"gradient batch {b}: {left():.0f} s left")
+            continue
+        X = jnp.asarray(arr["x0"] + rng.normal(0, 0.1, (b, dim)))
+        Yb = jnp.asarray(np.resize(Y_all, (b, rows)))
+        t = time.perf_counter()
+        gbc = gb.lower(X, Yb).compile()
+        comp = time.perf_counter() - t
+        jax.block_until_ready(gbc(X, Yb))
+        reps = max(3, args.reps // max(1, b // 16))
+        t = time.perf_counter()
+        for _ in range(reps):
+            jax.block_until_ready(gbc(X, Yb))
+        call_ms[b] = 1e3 * (time.perf_counter() - t) / reps
+        res["b_vmapped_gradient"][str(b)] = {"compile_s": comp, "ms_per_call": call_ms[b],
+                                             "ms_per_dataset_gradient": call_ms[b] / b, "reps": reps}
+        save("b_vmapped_gradient", str(b))
+
+    # (c) reference adaptation on the reference dataset
+    sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
+    tm = {}
+    ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
+    res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
+                          "dense": args.dense}
+    save("c_reference")
+
+    # (d) many datasets at once
+    res["d_fit_many"] = {}
+
+    def call_cost(batch):
+        """Measured (or linearly extrapolated) ms of one vmapped gradient call at ``batch``."""
+        if not call_ms:
+            return float(batch)
+        known = sorted(call_ms)
+        big = min([b for b in known if b >= batch] or [known[-1]])
+        return call_ms[big] * max(1.0, batch / big)
+
+    def projected(K):
+        """Conservative seconds for fitting K datasets: from the last measured fit (its run
+        scaled by the gradient call cost at K x chains vs its own, x1.3 for longer maximal
+        trees among more chains, plus its compile x1.5); before any fit, from the reference
+        adaptation's seconds per step (x2 for the warm-up's and draws' trees)."""
+        done = res["d_fit_many"]
+        if done:
+            prev = done[max(done, key=int)]
+            scale = max(1.0, call_cost(K * chains) / call_cost(int(prev["K"]) * chains))
+            return 1.5 * prev["compile_s"] + 1.3 * prev["run_s"] * scale * (args.warmup + draws) / (prev["warmup"] + prev["draws"])
+        scale = max(1.0, call_cost(K * chains) / call_cost(chains))
+        return 1.5 * tm["compile_s"] + 2.0 * tm["run_s"] / args.adapt * (args.warmup + draws) * scale
+
+    for K in args.datasets:
+        K = min(K, len(Y_all))
+        est = projected(K)
+        if est > left():
+            res["skipped"].append(f"fit K={K}: projected {est:.0f} s > {left():.0f} s left")
+            save("skipped")
+            continue
+        tm_k = {}
+        fit = sampler.fit_kept(Y_all[:K], ref, manifest["master_seed"] + K, args.warmup, draws,
+                               args.target_accept, timings=tm_k)
+        h = fit["kept"] @ W + c  # (K, chains, draws, contrasts)
+        i2 = manifest["contrasts"].index("H2")
+        ess = np.array([[diag.ess_bulk(h[k, :, :, j]), diag.ess_tail(h[k, :, :, j])] for k in range(K)
+                        for j in [i2]])
+        rh = np.array([diag.rhat(h[k, :, :, i2]) for k in range(K)])
+        min_ess = ess.min(axis=1)
+        per_ds = tm_k["run_s"] / K
+        fails = (rh > conv["rhat_max"]) | (ess[:, 0] < conv["ess_bulk_min"]) | (ess[:, 1] < conv["ess_tail_min"]) \
+            | (fit["divergences"].sum(axis=1) > conv["divergences_max"])
+        s_ess = per_ds * target / min_ess.mean()
+        res["d_fit_many"][str(K)] = {
+            "K": K, "compile_s": tm_k["compile_s"], "run_s": tm_k["run_s"], "projected_s": est, "wall_s_per_dataset": per_ds,
+            "gradients_per_dataset": float(fit["gradients"].sum(axis=1).mean()),
+            "divergences_total": int(fit["divergences"].sum()), "step_size_mean": float(fit["step_size"].mean()),
+            "h2_min_ess_mean": float(min_ess.mean()), "h2_min_ess_min": float(min_ess.min()),
+            "h2_rhat_max": float(rh.max()), "h2_fails_convergence_rule": int(fails.sum()),
+            "h_means_mean": dict(zip(manifest["contrasts"], map(float, h.mean(axis=(0, 1, 2))))),
+            "s_to_ess400_per_dataset": s_ess, "datasets_per_hour_at_ess400": 3600.0 / s_ess,
+            "warmup": args.warmup, "draws": draws, "chains": chains,
+            "h2_min_ess_per_dataset": [round(float(e), 1) for e in min_ess],
+            "h2_rhat_per_dataset": [round(float(r), 4) for r in rh],
+            "divergences_per_dataset": fit["divergences"].sum(axis=1).tolist()}
+        save("d_fit_many", str(K))
+    res["load_after"] = os.getloadavg()
+    save("skipped")
+    done = res["d_fit_many"]
+    best = done[max(done, key=lambda k: int(k))] if done else None
+    b_big = res["b_vmapped_gradient"].get(str(max(map(int, res["b_vmapped_gradient"]), default=0)), {})
+    print(f"power_gpu: device={res['devices'][0]} rows={rows} grad_ms_single={res['a_single_gradient']['ms']:.3f} "
+          f"grad_ms_per_dataset_at_b{max(call_ms, default=0)}={b_big.get('ms_per_dataset_gradient', float('nan')):.4f} "
+          + (f"K={max(map(int, done))} s_per_dataset={best['wall_s_per_dataset']:.3f} "
+             f"s_to_ess400={best['s_to_ess400_per_dataset']:.3f} datasets_per_hour_ess400={best['datasets_per_hour_at_ess400']:.0f} "
+             f"fails_rule={best['h2_fails_convergence_rule']}" if best else "no fit_many run (none asked, or all skipped: see skipped)")
+          + f" json={path}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="here, with PyMC: write the artefact folder")
+    e.add_argument("--frames", type=int, default=50)
+    e.add_argument("--depths", type=int, default=8)
+    e.add_argument("--datasets", type=int, default=256)
+    e.add_argument("--check-points", type=int, default=3)
+    e.add_argument("--out", default=str(ART))
+    r = sub.add_parser("run", help="device side: numpy, scipy, jax, blackjax only")
+    r.add_argument("--artefacts", default=str(ART))
+    r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
+    r.add_argument("--datasets", type=int, nargs="*", default=[16, 64, 256],
+                   help="K per fit, in order; each later K is projected from the previous fit and skipped if it "
+                        "would pass --max-seconds")
+    r.add_argument("--grad-batches", type=int, nargs="*", default=[1, 64, 256, 1024])
+    r.add_argument("--reps", type=int, default=50)
+    r.add_argument("--adapt", type=int, default=250)
+    r.add_argument("--warmup", type=int, default=100)
+    r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
+    r.add_argument("--target-accept", type=float, default=0.8)
+    r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
+    r.add_argument("--max-seconds", type=float, default=270.0)
+    args = ap.parse_args()
+    return export(args) if args.cmd == "export" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

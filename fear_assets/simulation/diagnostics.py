@@ -1,0 +1,81 @@
+"""Rank-normalised split R-hat and bulk/tail ESS (Vehtari et al. 2021, the estimators ArviZ
+uses for 4.7's convergence rule) in NumPy and SciPy only, for the machines that run the
+vectorised sampler without ArviZ (``benchmarks/power_gpu.py``). ``x``: (chains, draws) of one
+scalar quantity. Checked against ArviZ in ``fear_assets_tests/test_power_gpu_export.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import ndtri
+from scipy.stats import rankdata
+
+
+def _split(x: np.ndarray) -> np.ndarray:
+    half = x.shape[1] // 2
+    return np.concatenate([x[:, :half], x[:, -half:]], axis=0)
+
+
+def _z_scale(x: np.ndarray) -> np.ndarray:
+    r = rankdata(x, method="average").reshape(x.shape)
+    return ndtri((r - 3 / 8) / (x.size - 2 * 3 / 8 + 1))
+
+
+def _ess(x: np.ndarray) -> float:
+    """Geyer's initial monotone sequence on the chains' FFT autocovariances (ArviZ's ``_ess``)."""
+    x = np.asarray(x, dtype=float)
+    if np.max(x) - np.min(x) < np.finfo(float).resolution:
+        return float(x.size)
+    chains, n = x.shape
+    m = 1 << int(np.ceil(np.log2(2 * n)))
+    c = x - x.mean(axis=1, keepdims=True)
+    f = np.fft.rfft(c, n=m, axis=1)
+    acov = np.fft.irfft(f * np.conjugate(f), n=m, axis=1)[:, :n] / n
+    mean_var = acov[:, 0].mean() * n / (n - 1.0)
+    var_plus = mean_var * (n - 1.0) / n
+    if chains > 1:
+        var_plus += np.var(x.mean(axis=1), ddof=1)
+    rho = np.zeros(n)
+    even, odd = 1.0, 1.0 - (mean_var - acov[:, 1].mean()) / var_plus
+    rho[0], rho[1] = even, odd
+    t = 1
+    while t < n - 3 and even + odd > 0.0:
+        even = 1.0 - (mean_var - acov[:, t + 1].mean()) / var_plus
+        odd = 1.0 - (mean_var - acov[:, t + 2].mean()) / var_plus
+        if even + odd >= 0:
+            rho[t + 1], rho[t + 2] = even, odd
+        t += 2
+    max_t = t - 2
+    if even > 0:
+        rho[max_t + 1] = even
+    t = 1
+    while t <= max_t - 2:
+        if rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]:
+            rho[t + 1] = rho[t + 2] = (rho[t - 1] + rho[t]) / 2.0
+        t += 2
+    tau = -1.0 + 2.0 * rho[:max_t + 1].sum() + rho[max_t + 1:max_t + 2].sum()
+    tau = max(tau, 1 / np.log10(chains * n))
+    return float(chains * n / tau)
+
+
+def ess_bulk(x: np.ndarray) -> float:
+    return _ess(_z_scale(_split(np.asarray(x, dtype=float))))
+
+
+def ess_tail(x: np.ndarray) -> float:
+    """min of the 5% and 95% quantile-indicator ESS."""
+    x = np.asarray(x, dtype=float)
+    return min(_ess(_split((x <= np.quantile(x, p)).astype(float))) for p in (0.05, 0.95))
+
+
+def _rhat(x: np.ndarray) -> float:
+    n = x.shape[1]
+    between = n * np.var(x.mean(axis=1), ddof=1)
+    within = np.mean(np.var(x, axis=1, ddof=1))
+    return float(np.sqrt((between / within + n - 1) / n))
+
+
+def rhat(x: np.ndarray) -> float:
+    """Rank-normalised split R-hat: the larger of the bulk and folded (tail) values."""
+    s = _split(np.asarray(x, dtype=float))
+    return max(_rhat(_z_scale(s)), _rhat(_z_scale(np.abs(s - np.median(s)))))
