@@ -13,11 +13,10 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch, transformers, jax; print('torch', torch.__version__, 'transformers', transformers.__version__, 'jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 uptime | tee -a "$OUT/device.txt"
-GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-260}"
+GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"
 timeout "$GPU_S" python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"
 cp benchmarks/results/gpu.json "$OUT/gpu.json" 2>/dev/null || echo "no gpu.json written"
-if [ -d .gpu_power ]; then
-  timeout "$POWER_S" python3 benchmarks/power_gpu.py run --artefacts .gpu_power --max-seconds $((POWER_S - 30)) \
-    2>&1 | tee "$OUT/power_gpu.log"
-fi
+python3 -c "import blackjax, flatbuffers, optax; print('blackjax', blackjax.__version__)" | tee -a "$OUT/device.txt"
+timeout "$POWER_S" python3 benchmarks/power_gpu.py run --platform cuda --datasets 16 64 256 \
+  --grad-batches 1 64 256 1024 --adapt 250 --warmup 100 --max-seconds $((POWER_S - 40)) 2>&1 | tee "$OUT/power_gpu.log"
 ls -la "$OUT"
