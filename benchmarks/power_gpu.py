@@ -121,6 +121,7 @@ def export(args) -> int:
         "sampler": {"draws": sampler.draws, "tune": sampler.tune, "chains": sampler.chains},
         "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min, "ess_tail_min": conv.ess_tail_min,
                         "divergences_max": conv.divergences_max},
+        "hdi_prob": settings.decision.hdi_prob,
         "Y_dtype": "float32 (cast to float64 on the device)", "platforms": ["cpu", "cuda"],
         "jax_export_version": __import__("jax").__version__, "export_s": export_s,
         "check_vs_pymc": {"points": args.check_points, "max_diff": check, "seconds": check_s},
@@ -138,6 +139,21 @@ def export(args) -> int:
 def _brief(v):
     """A result entry without its per-dataset lists (for the progress lines)."""
     return {k: _brief(x) for k, x in v.items() if not isinstance(x, list)} if isinstance(v, dict) else v
+
+
+def hdi_differences(short: np.ndarray, long: np.ndarray, contrasts: list, prob: float, diag) -> dict:
+    """Largest |99% HDI endpoint| difference between a registered-length fit and a long run of
+    the same datasets, per contrast and overall; plus the long run's smallest ESS (its own
+    Monte Carlo error bounds how small a difference can be shown). Arrays: (K, chains, draws, contrasts)."""
+    per = {}
+    for j, name in enumerate(contrasts):
+        diffs = [max(abs(a - b) for a, b in zip(diag.hdi(short[k, :, :, j], prob), diag.hdi(long[k, :, :, j], prob)))
+                 for k in range(short.shape[0])]
+        per[name] = {"max_abs_endpoint_diff": float(max(diffs)), "median": float(np.median(diffs)),
+                     "reference_min_ess": float(min(min(diag.ess_bulk(long[k, :, :, j]), diag.ess_tail(long[k, :, :, j]))
+                                                    for k in range(long.shape[0]))),
+                     "posterior_sd_mean": float(long[..., j].std(axis=(1, 2)).mean())}
+    return {"per_contrast": per, "max_abs_endpoint_diff": max(v["max_abs_endpoint_diff"] for v in per.values())}
 
 
 def run(args) -> int:
@@ -265,6 +281,7 @@ def run(args) -> int:
         scale = max(1.0, call_cost(K * chains) / call_cost(chains))
         return 1.5 * tm["compile_s"] + 2.0 * tm["run_s"] / args.adapt * (args.warmup + draws) * scale
 
+    fits_h: dict = {}  # K -> contrast draws of that fit (the reference comparison reads them)
     for K in args.datasets:
         K = min(K, len(Y_all))
         est = projected(K)
@@ -276,6 +293,7 @@ def run(args) -> int:
         fit = sampler.fit_kept(Y_all[:K], ref, manifest["master_seed"] + K, args.warmup, draws,
                                args.target_accept, timings=tm_k)
         h = fit["kept"] @ W + c  # (K, chains, draws, contrasts)
+        fits_h.setdefault(K, h)
         i2 = manifest["contrasts"].index("H2")
         ess = np.array([[diag.ess_bulk(h[k, :, :, j]), diag.ess_tail(h[k, :, :, j])] for k in range(K)
                         for j in [i2]])
@@ -298,6 +316,24 @@ def run(args) -> int:
             "h2_rhat_per_dataset": [round(float(r), 4) for r in rh],
             "divergences_per_dataset": fit["divergences"].sum(axis=1).tolist()}
         save("d_fit_many", str(K))
+    if args.reference_draws and fits_h:
+        # 6.3's keep rule for a candidate path: its 99% HDIs against a long run on the same datasets.
+        K = min(fits_h)
+        est = 1.5 * res["d_fit_many"][str(K)]["compile_s"] + 1.3 * res["d_fit_many"][str(K)]["run_s"] * (
+            args.warmup + args.reference_draws) / (args.warmup + draws)
+        if est > left():
+            res["skipped"].append(f"reference run K={K} x {args.reference_draws} draws: projected {est:.0f} s > "
+                                  f"{left():.0f} s left")
+        else:
+            tm_r = {}
+            long = sampler.fit_kept(Y_all[:K], ref, manifest["master_seed"] + 10_000 + K, args.warmup,
+                                    args.reference_draws, args.target_accept, timings=tm_r)
+            hl = long["kept"] @ W + c
+            res["e_reference_hdi"] = {"K": K, "draws": args.reference_draws, "chains": chains,
+                                      "hdi_prob": manifest["hdi_prob"], **tm_r,
+                                      **hdi_differences(fits_h[K], hl, manifest["contrasts"], manifest["hdi_prob"], diag),
+                                      "reference_divergences": int(long["divergences"].sum())}
+            save("e_reference_hdi")
     res["load_after"] = os.getloadavg()
     save("skipped")
     done = res["d_fit_many"]
@@ -335,6 +371,9 @@ def main() -> int:
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
     r.add_argument("--max-seconds", type=float, default=270.0)
+    r.add_argument("--reference-draws", type=int, default=0,
+                   help="after the fits, a long run (this many draws) of the first fit's datasets: the largest "
+                        "|99%% HDI endpoint| difference of H1-H3 against it (0: none)")
     args = ap.parse_args()
     return export(args) if args.cmd == "export" else run(args)
 

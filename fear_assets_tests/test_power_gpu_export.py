@@ -127,7 +127,8 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "run", "--artefacts",
                            str(small), "--platform", "cpu", "--datasets", "2", "--grad-batches", "1", "4", "--reps", "2",
-                           "--adapt", "15", "--warmup", "5", "--draws", "20", "--max-seconds", "300"],
+                           "--adapt", "15", "--warmup", "5", "--draws", "20", "--max-seconds", "300",
+                           "--reference-draws", "60"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "power_gpu.json").read_text())
@@ -136,6 +137,9 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
     assert fit["draws"] == 20 and fit["gradients_per_dataset"] > 2 * 25  # 2 chains x (5 + 20) NUTS steps, >= 1 leapfrog each
     assert 0 < fit["h2_min_ess_mean"] and fit["wall_s_per_dataset"] > 0
     assert proc.stdout.strip().splitlines()[-1].startswith("power_gpu: device=cpu")
+    ref = res["e_reference_hdi"]  # the candidate's keep rule: its HDIs against a long run of the same datasets
+    assert ref["K"] == 2 and ref["draws"] == 60 and set(ref["per_contrast"]) == {"H1", "H2", "H3"}
+    assert 0 < ref["max_abs_endpoint_diff"] == max(v["max_abs_endpoint_diff"] for v in ref["per_contrast"].values())
 
 
 def test_numpy_ess_and_rhat_equal_arviz():
@@ -153,3 +157,16 @@ def test_numpy_ess_and_rhat_equal_arviz():
         assert diagnostics.ess_bulk(x) == pytest.approx(az.ess(x, method="bulk"), rel=1e-9)
         assert diagnostics.ess_tail(x) == pytest.approx(az.ess(x, method="tail"), rel=1e-9)
         assert diagnostics.rhat(x) == pytest.approx(az.rhat(x), rel=1e-9)
+
+
+def test_numpy_hdi_equals_arviz():
+    import arviz as az
+
+    from fear_assets.simulation import diagnostics
+
+    rng = np.random.default_rng(7)
+    for n in (500, 2001):
+        x = rng.standard_t(4, size=(2, n)) + rng.normal(size=(2, 1))
+        assert diagnostics.hdi(x, 0.99) == pytest.approx(tuple(az.hdi(x.reshape(-1), hdi_prob=0.99)), abs=1e-12)
+    with pytest.raises(ValueError, match="draws"):
+        diagnostics.hdi(np.zeros(1), 0.99)

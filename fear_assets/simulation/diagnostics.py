@@ -79,3 +79,16 @@ def rhat(x: np.ndarray) -> float:
     """Rank-normalised split R-hat: the larger of the bulk and folded (tail) values."""
     s = _split(np.asarray(x, dtype=float))
     return max(_rhat(_z_scale(s)), _rhat(_z_scale(np.abs(s - np.median(s)))))
+
+
+def hdi(x: np.ndarray, prob: float) -> tuple[float, float]:
+    """Highest-density interval of pooled draws: the narrowest interval holding
+    ``floor(prob * n)`` of the ``n`` sorted draws (ArviZ's ``hdi`` for a unimodal sample)."""
+    s = np.sort(np.asarray(x, dtype=float).reshape(-1))
+    n = len(s)
+    k = int(np.floor(prob * n))
+    if not 0 < k < n:
+        raise ValueError(f"an HDI of mass {prob} needs more than {n} draws")
+    widths = s[k:] - s[: n - k]
+    i = int(np.argmin(widths))
+    return float(s[i]), float(s[i + k])
