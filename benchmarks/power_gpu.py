@@ -230,10 +230,9 @@ def run(args) -> int:
     gb = jax.jit(jax.vmap(jax.value_and_grad(ld)))
     res["b_vmapped_gradient"] = {}
     call_ms = {}
-    for b in args.grad_batches:
-        if left() < 20:
-            res["skipped"].append(f"gradient batch {b}: {left():.0f} s left")
-            continue
+
+    def time_batch(b):
+        """ms of one vmapped value-and-gradient call over ``b`` datasets (compiled first)."""
         X = jnp.asarray(arr["x0"] + rng.normal(0, 0.1, (b, dim)))
         Yb = jnp.asarray(np.resize(Y_all, (b, rows)))
         t = time.perf_counter()
@@ -249,6 +248,12 @@ def run(args) -> int:
                                              "ms_per_dataset_gradient": call_ms[b] / b, "reps": reps}
         save("b_vmapped_gradient", str(b))
 
+    for b in args.grad_batches:
+        if left() < 20:
+            res["skipped"].append(f"gradient batch {b}: {left():.0f} s left")
+            continue
+        time_batch(b)
+
     # (c) reference adaptation on the reference dataset
     sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
     tm = {}
@@ -261,7 +266,11 @@ def run(args) -> int:
     res["d_fit_many"] = {}
 
     def call_cost(batch):
-        """Measured (or linearly extrapolated) ms of one vmapped gradient call at ``batch``."""
+        """Measured ms of one vmapped gradient call at ``batch``: timed now (seconds) when no
+        batch that large was measured, since extrapolating linearly from a small batch
+        overstates a GPU's cost many times over and would skip every fit."""
+        if not any(b >= batch for b in call_ms) and left() > 30:
+            time_batch(batch)
         if not call_ms:
             return float(batch)
         known = sorted(call_ms)

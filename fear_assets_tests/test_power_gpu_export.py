@@ -126,13 +126,16 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "run", "--artefacts",
-                           str(small), "--platform", "cpu", "--datasets", "2", "--grad-batches", "1", "4", "--reps", "2",
+                           str(small), "--platform", "cpu", "--datasets", "2", "--grad-batches", "1", "--reps", "2",
                            "--adapt", "15", "--warmup", "5", "--draws", "20", "--max-seconds", "300",
                            "--reference-draws", "60"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "power_gpu.json").read_text())
     assert res["imported_project_modules"] == []
+    # the fit's projection timed the batch it needs (2 datasets x 2 chains) rather than
+    # extrapolating from batch 1 (which skipped every fit on the H200)
+    assert set(res["b_vmapped_gradient"]) == {"1", "4"}
     fit = res["d_fit_many"]["2"]
     assert fit["draws"] == 20 and fit["gradients_per_dataset"] > 2 * 25  # 2 chains x (5 + 20) NUTS steps, >= 1 leapfrog each
     assert 0 < fit["h2_min_ess_mean"] and fit["wall_s_per_dataset"] > 0
