@@ -277,18 +277,20 @@ def run(args) -> int:
         big = min([b for b in known if b >= batch] or [known[-1]])
         return call_ms[big] * max(1.0, batch / big)
 
-    def projected(K):
-        """Conservative seconds for fitting K datasets: from the last measured fit (its run
-        scaled by the gradient call cost at K x chains vs its own, x1.3 for longer maximal
-        trees among more chains, plus its compile x1.5); before any fit, from the reference
-        adaptation's seconds per step (x2 for the warm-up's and draws' trees)."""
+    def projected(K, n_draws=draws, prev=None):
+        """Conservative seconds for fitting K datasets with ``n_draws`` draws: from ``prev`` (a
+        measured fit; default the largest so far: its run scaled by the gradient call cost at
+        K x chains vs its own, x1.3 for longer maximal trees among more chains, plus its
+        compile x1.5); before any fit, from the reference adaptation's seconds per step (x2
+        for the warm-up's and draws' trees)."""
         done = res["d_fit_many"]
-        if done:
+        if prev is None and done:
             prev = done[max(done, key=int)]
+        if prev is not None:
             scale = max(1.0, call_cost(K * chains) / call_cost(int(prev["K"]) * chains))
-            return 1.5 * prev["compile_s"] + 1.3 * prev["run_s"] * scale * (args.warmup + draws) / (prev["warmup"] + prev["draws"])
+            return 1.5 * prev["compile_s"] + 1.3 * prev["run_s"] * scale * (args.warmup + n_draws) / (prev["warmup"] + prev["draws"])
         scale = max(1.0, call_cost(K * chains) / call_cost(chains))
-        return 1.5 * tm["compile_s"] + 2.0 * tm["run_s"] / args.adapt * (args.warmup + draws) * scale
+        return 1.5 * tm["compile_s"] + 2.0 * tm["run_s"] / args.adapt * (args.warmup + n_draws) * scale
 
     fits_h: dict = {}  # K -> contrast draws of that fit (the reference comparison reads them)
     for K in args.datasets:
@@ -328,8 +330,7 @@ def run(args) -> int:
     if args.reference_draws and fits_h:
         # 6.3's keep rule for a candidate path: its 99% HDIs against a long run on the same datasets.
         K = min(fits_h)
-        est = 1.5 * res["d_fit_many"][str(K)]["compile_s"] + 1.3 * res["d_fit_many"][str(K)]["run_s"] * (
-            args.warmup + args.reference_draws) / (args.warmup + draws)
+        est = projected(K, args.reference_draws, prev=res["d_fit_many"][str(K)])
         if est > left():
             res["skipped"].append(f"reference run K={K} x {args.reference_draws} draws: projected {est:.0f} s > "
                                   f"{left():.0f} s left")

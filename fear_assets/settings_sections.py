@@ -289,6 +289,7 @@ class PriorSettings(Section):
     sensitivity_fixed_effect_sd: float = registered(POSITIVE)
 
 
+#: D7's scenarios (the generator sizes each one: ``simulation.generator.scenario_size``).
 SCENARIOS = ("meaningful", "null", "sesoi")
 SCENARIO_LIST = Constraint(f"a list of scenarios out of {list(SCENARIOS)} (quote \"null\": YAML reads null as None)",
                            lambda v: tuple(v) if isinstance(v, list) and v and all(x in SCENARIOS for x in v)

@@ -60,11 +60,16 @@ class H4Fit:
     idata: object
 
 
+def h4_model_data(data: pd.DataFrame, fears: Sequence[str]):
+    """The primary model's inputs on probe log-odds with the document intercept (6.1)."""
+    return prepare(data, h4_levels(data, fears), outcome="log_odds", document="document")
+
+
 def fit_h4(data: pd.DataFrame, fears: Sequence[str], band: Sequence[int], priors: Priors, draws: int, tune: int,
            chains: int, seed: int, hdi_prob: float, sesoi: float) -> H4Fit:
     """One H4 fit; a band depth without probe documents is a MissingBandDepthError (from
     ``cell_means``), not a smaller band."""
-    d = prepare(data, h4_levels(data, fears), outcome="log_odds", document="document")
+    d = h4_model_data(data, fears)
     idata = sample(build_model(d, priors), draws, tune, chains, seed)
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
                     [depth_key(b) for b in band])

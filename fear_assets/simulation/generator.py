@@ -24,8 +24,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, cell_means, hypotheses, posterior_draws
+from fear_assets.settings_sections import SCENARIOS
 
-SCENARIOS = ("meaningful", "null", "sesoi")
 AGENT_ORDER = ("self", "peer", "person")
 
 #: Blocks of one simulated dataset: name -> what it tests (the name is kept from the release

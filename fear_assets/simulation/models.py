@@ -251,10 +251,10 @@ def h4_pilot_fit(data: pd.DataFrame, fears: Sequence[str], priors, draws: int, t
     """6.3's pilot estimates of H4's model from the pilot's probe outputs (``analysis.h4.h4_data``
     of the unmasked pilot probe): the registered H4 model (the primary model on probe log-odds
     with a document intercept, as ``analysis.h4.fit_h4`` builds it) fitted, posterior means."""
-    from fear_assets.analysis.h4 import h4_levels
-    from fear_assets.analysis.primary_model import build_model, prepare, sample
+    from fear_assets.analysis.h4 import h4_model_data
+    from fear_assets.analysis.primary_model import build_model, sample
 
-    d = prepare(data, h4_levels(data, fears), outcome="log_odds", document="document")
+    d = h4_model_data(data, fears)
     return h4_pilot_estimates(sample(build_model(d, priors), draws, tune, chains, seed), d)
 
 

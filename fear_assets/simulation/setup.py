@@ -14,10 +14,7 @@ from fear_assets.registration.record import analysis_code_sha256
 
 
 def sampler_of(settings, family_key: str) -> dict:
-    if settings.family(family_key).role == "embedded":
-        s = settings.power.demo.sampler
-        return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
-    s = settings.sampler
+    s = settings.power.demo.sampler if settings.family(family_key).role == "embedded" else settings.sampler
     return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
 
 
