@@ -79,7 +79,8 @@ def arm(name: str) -> dict:
 
     settings = load_settings()
     sampler = settings.section("sampler")
-    fitter = Fitter(Priors.from_settings(settings), int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"]))
+    fitter = Fitter(Priors.from_settings(settings), int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"]),
+                    cache=[])  # the arm counts its own compilations
     hdi = float(settings.decision["hdi_prob"])
     band = ["d1", "d2"]
     primary = table(1)

@@ -16,7 +16,9 @@ Arms (the registered model and priors throughout, ``build_model``):
   a          this project's path: compile once per shape and process, swap data per dataset
              (``with_data``), chains warm-started from a reference fit on another dataset of the
              same design (unconstrained posterior mean as ``init_mean``, its step size as
-             ``initial_step``) with ``--a-tune`` tuning steps, registered draws.
+             ``initial_step``) with ``--a-tune`` tuning steps, registered draws; the frame
+             effects sampled as the simulation picks for the generating values
+             (``simulation.sampling.frame_parametrisation``: centred or non-centred, one posterior).
   c          nutpie's compile-once ``with_data`` loop at the registered sampler settings.
   b          simuk-style: per dataset a fresh model (``pm.observe`` semantics: the observed
              data set anew) and ``pm.sample`` (PyMC's default NUTS, registered draws/tune/chains),
@@ -216,7 +218,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from fear_assets.analysis.primary_model import Priors
     from fear_assets.settings import load_settings
-    from fear_assets.simulation.sampling import WarmStartFitter, warm_start_from
+    from fear_assets.simulation.sampling import WarmStartFitter, simulated_frame_parametrisation, warm_start_from
 
     settings = load_settings()
     frames = args.frames or (5 if args.quick else 50)
@@ -235,18 +237,24 @@ def main() -> int:
     priors = Priors.from_settings(settings)
     log(f"design: {frames} frames x {depths} depths = {design.rows} rows; {n} datasets; load {load}")
 
-    ref_fitter = WarmStartFitter(priors, args.ref_draws, args.ref_tune, chains, store_unconstrained=True)
+    ref_fitter = WarmStartFitter(priors, args.ref_draws, args.ref_tune, chains, store_unconstrained=True,
+                                 cache=[])  # each arm compiles (and is timed) apart
     log("reference (long run)")
     ref = loop_arm("reference", ref_fitter, data, band, hdi_prob, seeds, log)
     log("c: nutpie compile-once with_data loop, registered settings")
-    c = loop_arm("c", WarmStartFitter(priors, draws, tune, chains), data, band, hdi_prob, seeds, log)
+    c = loop_arm("c", WarmStartFitter(priors, draws, tune, chains, cache=[]), data, band, hdi_prob, seeds, log)
     log("a: compile once + with_data + warm start from a reference fit on another dataset")
-    a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True)
+    # The project's path samples the frame effects as the simulation would for these generating
+    # values (simulation.sampling.frame_parametrisation; the same posterior either way, D3b).
+    a_frames = simulated_frame_parametrisation(estimates(), design, float(settings.power.slope_sd_inflation))
+    log(f"a: frame effects {a_frames}")
+    a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[], frames=a_frames)
     _, warm_s, _ = timed(lambda: None)
     warm_idata, warm_s, _ = timed(lambda: a_fitter.fit(warm_data, 999))
     a_fitter.warm, a_fitter.store_unconstrained = warm_start_from(warm_idata), False
     a = loop_arm("a", a_fitter, data, band, hdi_prob, seeds, log)
     a["warm_start_fit_s"] = warm_s
+    a["frame_effects"] = a_frames
     log("b_nutpie: recompile per dataset with nutpie")
 
     def recompile_nutpie():

@@ -161,11 +161,39 @@ def test_batch_store_round_trip(tmp_path):
     assert len(back) == len(labels) + 3 and not list(path.parent.glob("*.tmp"))
 
 
+# --- the frame effects' parametrisation ---------------------------------------------------
+def test_frame_effects_are_centred_only_where_each_frames_data_outweigh_their_scale(settings):
+    from fear_assets.simulation.sampling import (CENTRING_MIN_FRAMES, CENTRING_MIN_RATIO, frame_parametrisation,
+                                                 simulated_frame_parametrisation)
+    from fear_assets.simulation.generator import frame_covariance
+
+    design = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], CENTRING_MIN_FRAMES, (0.2, 0.2), seed=3)
+    d = design.data
+    per_frame = np.stack([np.bincount(d.frame, weights=d.Z[:, j] ** 2) for j in range(6)], axis=1).mean(axis=0)
+    se = 0.2 / np.sqrt(per_frame)  # each effect's per-frame standard error at residual SD 0.2
+    choose = lambda sd: frame_parametrisation(sd, 0.2, d.Z, d.frame, d.n_frames)  # noqa: E731
+    assert choose(CENTRING_MIN_RATIO * se) == "centred"  # at the threshold
+    assert choose(5 * se) == "centred"
+    for j in range(6):  # one scale below its standard error is enough for the non-centred form
+        below = 5 * se
+        below[j] = 0.9 * CENTRING_MIN_RATIO * se[j]
+        assert choose(below) == "non_centred", j
+    assert choose([0.5, 0, 0, 0, 0, 0]) == "non_centred"  # no slope variance: centring would funnel
+    # A simulation decides at its generating values: inflated slopes, the Student-t residual's SD.
+    est = _estimates(sigma=0.01)
+    sd = np.sqrt(np.diag(frame_covariance(est, 1.5)))
+    assert simulated_frame_parametrisation(est, design, 1.5) == choose(sd * 0.2 / (0.01 * np.sqrt(8 / 6))) == "centred"
+    assert simulated_frame_parametrisation(_estimates(sigma=5.0), design, 1.5) == "non_centred"
+    # Fewer frames than the registered simulation's least: the frame scales stay uncertain.
+    few = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], 5, (0.2, 0.2), seed=3)
+    assert frame_parametrisation(np.full(6, 10.0), 0.01, few.data.Z, few.data.frame, few.data.n_frames) == "non_centred"
+
+
 # --- fitting: compile once, swap data ----------------------------------------------------
 @pytest.fixture(scope="module")
 def small(settings):
     design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
-    fitter = Fitter(Priors.from_settings(settings), draws=100, tune=100, chains=2)
+    fitter = Fitter(Priors.from_settings(settings), draws=100, tune=100, chains=2, cache=[])
     return design, fitter
 
 
@@ -176,13 +204,34 @@ def test_swapping_data_gives_the_posterior_of_a_fresh_compile(settings, small):
     a = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(11))
     b = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(12))
     # Short chains: the test compares two samplers' draws, not the posterior's quality.
-    quick = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2)
-    quick._compiled = fitter._compiled  # share the module's compiled model (one compilation per shape)
+    quick = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2,
+                   cache=fitter._compiled)  # share the module's compiled model (one compilation per shape)
     quick.fit(a, seed=5)  # compiles for this shape (or reuses the module's)
     swapped = quick.fit(b, seed=5)  # same compiled model, b's data swapped in
-    fresh = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2).fit(b, seed=5)
-    assert len(fitter._compiled) == 1
+    fresh = Fitter(Priors.from_settings(settings), draws=30, tune=30, chains=2, cache=[]).fit(b, seed=5)
+    assert len(fitter._compiled) == 1 and quick.compilations + fitter.compilations <= 1
     np.testing.assert_allclose(posterior_draws(swapped, "beta"), posterior_draws(fresh, "beta"), rtol=1e-6, atol=1e-9)
+
+
+def test_fitters_of_one_process_share_a_compiled_shape(settings, small):
+    """The main job runs every step in one process: a shape one step's Fitter compiled is reused
+    by the next step's Fitter (other sampler settings, another fixed-effect sd, which is data),
+    never under other baked-in priors; a Fitter without a cache of its own uses the process's."""
+    from dataclasses import replace
+
+    from fear_assets.analysis import primary_model
+
+    design, fitter = small
+    est = _estimates()
+    a = simulate_block(design.data, est, true_beta(est, design.data, design.band, agent_effects(0.3)), 0.0, 1.5,
+                       np.random.default_rng(13))
+    priors = Priors.from_settings(settings)
+    compiled = Fitter(priors, draws=100, tune=100, chains=2, cache=fitter._compiled).compiled_for(a)
+    other_sampler = Fitter(priors, draws=500, tune=500, chains=4, cache=fitter._compiled)
+    assert other_sampler.compiled_for(a) is compiled and other_sampler.compilations == 0
+    assert Fitter(Priors.from_settings(settings, fixed_sd=1.0), 100, 100, 2, cache=fitter._compiled).lookup(a) is compiled
+    assert Fitter(replace(priors, group_sd=1.0), 100, 100, 2, cache=fitter._compiled).lookup(a) is None
+    assert Fitter(priors, 100, 100, 2)._compiled is primary_model.COMPILED
 
 
 def test_small_simulation_recovers_the_effect_and_keeps_false_positives_rare(settings, small, tmp_path):

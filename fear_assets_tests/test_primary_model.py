@@ -79,7 +79,7 @@ def test_a_refit_through_the_compiled_model_reads_its_new_data(settings):
     nutpie's with_data and must give its own answer, not the first dataset's."""
     from fear_assets.analysis.primary_model import Fitter
 
-    fitter = Fitter(Priors.from_settings(settings), draws=300, tune=400, chains=2)
+    fitter = Fitter(Priors.from_settings(settings), draws=300, tune=400, chains=2, cache=[])  # compiles here
     first = prepare(simulate({"self": 0.8, "peer": 0.0, "person": 0.0}, frames=6, seed=4), LEVELS)
     second = prepare(simulate({"self": -0.8, "peer": 0.0, "person": 0.0}, frames=6, seed=5), LEVELS)
     results = []

@@ -86,6 +86,42 @@ def test_primary_model_prior_is_unchanged_by_non_centring(settings):
     assert abs(beta.std() - 0.5) < 0.01
 
 
+def test_primary_model_prior_is_unchanged_by_centring_on_the_fixed_effects(settings):
+    """D3b: the centred form (each frame's effects drawn around the fixed effects they vary
+    about, benchmarks/reparam.py) gives the registered prior: frame effects MvNormal(0, chol)
+    independent of the fixed effects, the fixed effects Normal(0, 0.5)."""
+    from fear_assets.analysis.primary_model import frame_centring
+
+    priors = Priors.from_settings(settings)
+    d = prepare(simulate({"self": 0.0, "peer": 0.0, "person": 0.0}, frames=5), LEVELS)  # every fear class
+    centring = frame_centring(d.X, d.Z, d.frame, d.n_frames)
+    fear = [i for i, n in enumerate(d.names) if n.startswith("fear[")]
+    assert centring.slopes[0] is None and None not in centring.slopes[1:]  # five slopes on their fixed effects
+    assert [d.names[c] for c in centring.slopes[1:]] == ["agent[self]", "agent[peer]", "content[threat]",
+                                                          "agent[self]:content[threat]", "agent[peer]:content[threat]"]
+    assert list(centring.level_columns) == fear  # the frame intercept on intercept + fear class
+    model = build_model(d, priors, frames="centred")
+    assert "z_frame" not in model.named_vars and "frame_centred" in model.named_vars
+    frames, centred, beta, intercept = pm.draw([model["frame_effects"], model["frame_centred"], model["beta"],
+                                                model["intercept"]], draws=DRAWS, random_seed=31)
+    reference = _centred_frames(d.n_frames, 6, priors.lkj_eta, priors.group_sd, seed=32)
+    assert _disagreements(_statistics(frames), _statistics(reference)) == {}
+    # The implemented form: frame_effects = frame_centred - means(intercept, beta).
+    means = np.stack([intercept[:, None] + beta[:, fear] @ centring.levels.T]
+                     + [np.repeat(beta[:, [c]], d.n_frames, axis=1) for c in centring.slopes[1:]], axis=2)
+    np.testing.assert_allclose(frames, centred - means, atol=1e-10)
+    assert _disagreements(_statistics(centred), _statistics(reference))  # the test can tell a wrong form
+    # Independent of the fixed effects, as in the non-centred form.
+    nc = build_model(d, priors)
+    nc_frames, nc_beta, nc_intercept = pm.draw([nc["frame_effects"], nc["beta"], nc["intercept"]], draws=DRAWS,
+                                               random_seed=33)
+    products = lambda f, b, i: {"f0*intercept": f[:, 0, 0] * i, "f0*fear": f[:, 0, 0] * b[:, fear[0]],  # noqa: E731
+                                "f1*agent": f[:, 0, 1] * b[:, centring.slopes[1]]}
+    assert _disagreements(products(frames, beta, intercept), products(nc_frames, nc_beta, nc_intercept)) == {}
+    assert _normal_sd(model["beta"]) == 0.5 and abs(beta.std() - 0.5) < 0.01
+    assert _normal_sd(model["intercept"]) == priors.intercept_sd
+
+
 def test_h5_prior_is_unchanged_by_non_centring(settings):
     priors = H5Priors.from_settings(settings)
     d = prepare_h5(simulate_h5(frames=2, trials=4, removed=2), CELLS)

@@ -5,7 +5,8 @@ mu = intercept + fixed effects (agent x content x depth with all interactions, o
 content option, rotation, fear class, the two centred surprisal covariates; Normal(0, 0.5)
 each, sum-to-zero coding) + frame effects (intercept, agent, content, agent x content:
 six correlated effects, LKJ(2), half-Normal(0, 0.5) scales; non-centred through the
-Cholesky factor, which leaves the joint prior unchanged) + a unit intercept
+Cholesky factor or centred on the fixed effects they vary about, either of which leaves the
+joint prior unchanged) + a unit intercept
 (half-Normal(0, 0.5) scale, non-centred). Sampled with nutpie (PyMC's NUTS as fallback).
 
 The random-effects structure (:func:`frame_and_unit_effects`) and the Student-t residual
@@ -16,7 +17,7 @@ so there is one copy of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -125,18 +126,79 @@ FRAME_EFFECTS = {6: ["intercept", "agent1", "agent2", "content", "agent1:content
                  4: ["intercept", "agent1", "content", "agent1:content"]}
 
 
-def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_units: int, priors: Priors):
+#: How the frame effects are sampled (D3b: both leave the joint prior as registered).
+#: non_centred: z @ chol.T with z ~ Normal(0, 1), which mixes where a frame's data say little
+#: (few rows per frame, a scale near zero). centred: each frame's effects drawn around the fixed
+#: effects they vary about, MvNormal(means, chol) (hierarchical centring), which mixes where a
+#: frame's data say much (registered size: 288 rows a frame; benchmarks/reparam.py).
+FRAME_PARAMETRISATIONS = ("non_centred", "centred")
+
+
+@dataclass(frozen=True)
+class FrameCentring:
+    """What each of the k frame effects is centred on: ``slopes[j]`` is the fixed-effect column
+    equal to frame-effect column j (None: centred on zero, or the intercept for a column of
+    ones); the frame intercept's centre is the model intercept plus ``levels @ beta[level_columns]``
+    (fixed effects constant within every frame, such as the fear class)."""
+
+    slopes: tuple[int | None, ...]
+    intercept_column: int | None
+    level_columns: tuple[int, ...]
+    levels: np.ndarray  # n_frames x len(level_columns)
+
+
+def frame_centring(X: np.ndarray, Z: np.ndarray, frame: np.ndarray, n_frames: int) -> FrameCentring:
+    """Read the centring off the design: a frame-effect column equal to a fixed-effect column
+    is centred on that coefficient; the column of ones on the intercept and the fixed effects
+    that do not vary within any frame (a frame's fear class). Pure; the same design gives the
+    same centring."""
+    ones = [j for j in range(Z.shape[1]) if np.all(Z[:, j] == 1.0)]
+    slopes = tuple(None if j in ones else next((c for c in range(X.shape[1]) if np.array_equal(X[:, c], Z[:, j])), None)
+                   for j in range(Z.shape[1]))
+    level_columns, levels = [], np.zeros((n_frames, 0))
+    if ones:
+        first = np.array([np.flatnonzero(frame == f)[0] for f in range(n_frames)])
+        constant = np.all(X == X[first][frame], axis=0) & ~np.all(X == X[0], axis=0)
+        level_columns = [int(c) for c in np.flatnonzero(constant)]
+        levels = X[first][:, level_columns]
+    return FrameCentring(slopes, ones[0] if ones else None, tuple(level_columns), levels)
+
+
+def frame_means(centring: FrameCentring, intercept, beta, n_frames: int):
+    """n_frames x k: the fixed-effect values each frame's effects are centred on (a PyTensor
+    expression of ``intercept`` and ``beta``)."""
+    import pytensor.tensor as pt
+
+    columns = []
+    for j, c in enumerate(centring.slopes):
+        if j == centring.intercept_column:
+            m = intercept + (pt.dot(centring.levels, beta[list(centring.level_columns)]) if centring.level_columns
+                             else pt.zeros(n_frames))
+        else:
+            m = pt.zeros(n_frames) + (beta[c] if c is not None else 0.0)
+        columns.append(m)
+    return pt.stack(columns, axis=1)
+
+
+def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_units: int, priors: Priors,
+                           means=None):
     """The registered random effects' contribution to mu (6.1, D3b), inside a model context:
     per frame, ``Z.shape[1]`` correlated effects (intercept, agent, content, agent x content:
-    six) with an LKJ(eta) correlation prior and half-Normal(group_sd) scales, non-centred
-    through the Cholesky factor (variables ``frame_chol``, ``z_frame``, ``frame_effects``);
-    plus a unit intercept with a half-Normal(group_sd) scale (``unit_sd``, ``z_unit``)."""
+    six) with an LKJ(eta) correlation prior and half-Normal(group_sd) scales (``frame_chol``,
+    ``frame_effects``); plus a unit intercept with a half-Normal(group_sd) scale (``unit_sd``,
+    ``z_unit``). The frame effects are non-centred through the Cholesky factor (``z_frame``)
+    or, given ``means`` (:func:`frame_means`), sampled centred on them (``frame_centred``):
+    frame_effects = frame_centred - means, the same joint prior either way."""
     import pymc as pm
 
     chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
                                    sd_dist=pm.HalfNormal.dist(priors.group_sd), compute_corr=True)
-    z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(n_frames, n_effects))
-    frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
+    if means is None:
+        z_frame = pm.Normal("z_frame", 0.0, 1.0, shape=(n_frames, n_effects))
+        frame_effects = pm.Deterministic("frame_effects", z_frame @ chol.T)
+    else:
+        centred = pm.MvNormal("frame_centred", mu=means, chol=chol, shape=(n_frames, n_effects))
+        frame_effects = pm.Deterministic("frame_effects", centred - means)
     unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
     z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=n_units)
     return (Z * frame_effects[frame]).sum(axis=1) + unit_sd * z_unit[unit]
@@ -152,12 +214,17 @@ def student_t_residual(priors: Priors, dims: str | None = None):
     return sigma, nu
 
 
-def build_model(d: PrimaryData, priors: Priors):
+def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred"):
     """The registered model. Its data are ``pm.Data`` containers (X, Z, y, frame, unit), so a
     compiled model refits another outcome or dataset of the same shape without recompiling
-    (:func:`refit`)."""
+    (:func:`refit`). ``frames``: how the frame effects are sampled (``FRAME_PARAMETRISATIONS``).
+    The centring is read off this ``d``'s design; a refit of another design through
+    ``with_data`` keeps the joint prior exactly (frame_effects = centred - means is
+    MvNormal(0, chol) for any means), it may only mix less well."""
     import pymc as pm
 
+    if frames not in FRAME_PARAMETRISATIONS:
+        raise ValueError(f"frames={frames!r}: use one of {list(FRAME_PARAMETRISATIONS)}")
     n_effects = d.Z.shape[1]
     coords = {"fixed": d.names, "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
     with pm.Model(coords=coords) as model:
@@ -170,7 +237,9 @@ def build_model(d: PrimaryData, priors: Priors):
         # A data container, so the prior-sensitivity refit (Normal(0, 1)) reuses the compiled model.
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
-        random = frame_and_unit_effects(Z, frame, unit, d.n_frames, n_effects, d.n_units, priors)
+        means = (frame_means(frame_centring(d.X, d.Z, d.frame, d.n_frames), intercept, beta, d.n_frames)
+                 if frames == "centred" else None)
+        random = frame_and_unit_effects(Z, frame, unit, d.n_frames, n_effects, d.n_units, priors, means)
         if d.document is not None:
             # H4 (6.1): an extra document intercept over the two content versions.
             doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
@@ -182,6 +251,15 @@ def build_model(d: PrimaryData, priors: Priors):
         mu = intercept + pm.math.dot(X, beta) + random + mu_doc
         pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=y)
     return model
+
+
+def build_centred_model(d: PrimaryData, priors: Priors):
+    """:func:`build_model` with the frame effects centred on their fixed effects (a builder of
+    its own, so a compiled model is looked up by its parametrisation)."""
+    return build_model(d, priors, frames="centred")
+
+
+BUILDERS = {"non_centred": build_model, "centred": build_centred_model}
 
 
 def same_shape(a: PrimaryData, b: PrimaryData) -> bool:
@@ -198,14 +276,50 @@ def data_updates(d: PrimaryData) -> dict[str, np.ndarray]:
     return out
 
 
-class Fitter:
-    """Compiles the registered model once per shape and refits other data of that shape
-    through nutpie's ``with_data`` (compiling costs more than sampling at pilot sizes)."""
+#: Compiled models shared by every ``Fitter`` of this process: (builder, priors other than the
+#: fixed-effect sd, reference data, compiled model). The main job runs all its steps in one
+#: process, and three of them (pilot controls, the power pilot estimates, the posteriors) fit
+#: the same model shape: each compilation cost about 19 s (numba), sampling a few.
+COMPILED: list[tuple[object, Priors, object, object]] = []
 
-    def __init__(self, priors: Priors, draws: int, tune: int, chains: int):
-        self.priors, self.draws, self.tune, self.chains = priors, draws, tune, chains
-        self._compiled: list[tuple[PrimaryData, object]] = []
-        self.compilations = 0
+
+class Fitter:
+    """Compiles the registered model once per shape and process and refits other data of that
+    shape through nutpie's ``with_data`` (compiling costs more than sampling at pilot sizes).
+    ``cache``: the compiled models to look in and add to; the process-wide ``COMPILED`` unless
+    given (a test passes its own list to compile afresh). ``frames``: how the primary model's
+    frame effects are sampled (``FRAME_PARAMETRISATIONS``; the posterior is the same)."""
+
+    def __init__(self, priors: Priors, draws: int, tune: int, chains: int, cache: list | None = None,
+                 frames: str = "non_centred"):
+        if frames not in BUILDERS:
+            raise ValueError(f"Fitter(frames={frames!r}): use one of {list(BUILDERS)}")
+        self.priors, self.draws, self.tune, self.chains, self.frames = priors, draws, tune, chains, frames
+        self._compiled = COMPILED if cache is None else cache
+        self.compilations = 0  # by this Fitter (a model another Fitter compiled is reused, not counted)
+
+    def _key(self) -> Priors:
+        # fixed_sd is a data container of the model (swapped per fit), so it is not part of the key.
+        return replace(self.priors, fixed_sd=0.0)
+
+    def lookup(self, d, build=None, same=None):
+        """The compiled model for ``d``'s shape under these priors, or None."""
+        build, same = build or BUILDERS[self.frames], same or same_shape
+        key = self._key()
+        return next((c for b, p, ref, c in self._compiled
+                     if b is build and p == key and type(ref) is type(d) and same(ref, d)), None)
+
+    def compiled_for(self, d, build=None, same=None):
+        """``lookup``, compiling (and keeping) the model for ``d``'s shape where there is none."""
+        import nutpie
+
+        build, same = build or BUILDERS[self.frames], same or same_shape
+        compiled = self.lookup(d, build, same)
+        if compiled is None:
+            compiled = nutpie.compile_pymc_model(build(d, self.priors))
+            self._compiled.append((build, self._key(), d, compiled))
+            self.compilations += 1
+        return compiled
 
     def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
         """Sample the registered model on ``d``; ``fixed_sd`` replaces the fixed-effect prior
@@ -213,18 +327,13 @@ class Fitter:
         (``analysis.joint.JointData``), which names its own build/shape/update functions."""
         sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
         build, same, updates = (d.model_functions() if hasattr(d, "model_functions")
-                                else (build_model, same_shape, data_updates))
+                                else (BUILDERS[self.frames], same_shape, data_updates))
         try:
             import nutpie
         except ImportError:
             priors = Priors(**{**self.priors.__dict__, "fixed_sd": sd})
             return sample(build(d, priors), self.draws, self.tune, self.chains, seed)
-        compiled = next((c for ref, c in self._compiled if type(ref) is type(d) and same(ref, d)), None)
-        if compiled is None:
-            compiled = nutpie.compile_pymc_model(build(d, self.priors))
-            self._compiled.append((d, compiled))
-            self.compilations += 1
-        compiled = compiled.with_data(**updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
+        compiled = self.compiled_for(d, build, same).with_data(**updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
         with one_blas_thread():
             return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
                                  progress_bar=False, low_rank_modified_mass_matrix=True)

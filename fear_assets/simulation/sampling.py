@@ -1,4 +1,13 @@
-"""A cheaper sampler set-up for the simulation, kept only where it matches a long run (6.3).
+"""Sampler set-ups for the simulation's fits (6.3): the frame effects' parametrisation, and
+a warm start kept only where it matches a long run.
+
+``frame_parametrisation`` picks, per simulation run, how the primary model's frame effects
+are sampled (both forms leave the joint prior as registered, D3b). Centring pays where each
+frame's data pin its effects down more than the group scale does: at registered size (288
+rows a frame, the generator's realistic variance components) it sampled 1.5x faster with
+every contrast converged, where the non-centred form left H1 at the rule's edge; with a
+frame-slope scale of zero it funnelled (benchmarks/reparam.py, RESULTS.md). The generating scales are
+known in a simulation, so the choice is made from them.
 
 Every simulated dataset of a family shares the design, so the posterior geometry barely
 changes between datasets. ``WarmStartFitter`` compiles the registered model once per shape
@@ -12,10 +21,51 @@ same datasets; it is used only where that holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from fear_assets.analysis.primary_model import Fitter, PrimaryData, build_model, data_updates, one_blas_thread, same_shape
+from fear_assets.analysis.primary_model import Fitter, PrimaryData, data_updates, one_blas_thread
+
+
+#: Centre only where every frame effect's generating SD is at least this multiple of its
+#: per-frame standard error. In a normal hierarchy the break-even is 1; with six correlated
+#: effects the well-pinned frame intercept weighs more: benchmarks/reparam.py measured the
+#: centred form far better at ratios down to 0.9 (5 and 50 frames, realistic scales) and far
+#: worse at 0 (no slope variance), so the line is drawn between, at 0.5.
+CENTRING_MIN_RATIO = 0.5
+#: ... and only with this many frames (the registered simulation's least). With few frames the
+#: frame scales themselves stay uncertain, and at 5 frames the measurements split: centred
+#: better on the quick benchmark's data, non-centred better on the embedded demo's (no
+#: divergences against 3-20 per fit; RESULTS.md "Frame effects").
+CENTRING_MIN_FRAMES = 50
+
+
+def frame_parametrisation(frame_sd: Sequence[float], residual_sd: float, Z: np.ndarray, frame: np.ndarray,
+                          n_frames: int) -> str:
+    """"centred" where there are at least ``CENTRING_MIN_FRAMES`` frames and, for every frame
+    effect j, the generating SD ``frame_sd[j]`` is at least ``CENTRING_MIN_RATIO`` times its
+    per-frame standard error ``residual_sd / sqrt(sum of Z[:, j]^2 over a frame's rows)``
+    (averaged over frames); "non_centred" otherwise. Pure."""
+    if n_frames < CENTRING_MIN_FRAMES:
+        return "non_centred"
+    sd = np.asarray(frame_sd, dtype=float)[:Z.shape[1]]
+    information = np.stack([np.bincount(frame, weights=Z[:, j] ** 2, minlength=n_frames)
+                            for j in range(Z.shape[1])], axis=1).mean(axis=0)
+    standard_error = residual_sd / np.sqrt(np.maximum(information, 1e-300))
+    return "centred" if bool(np.all(sd >= CENTRING_MIN_RATIO * standard_error)) else "non_centred"
+
+
+def simulated_frame_parametrisation(est, design, inflation: float) -> str:
+    """:func:`frame_parametrisation` at a simulation's generating values: the pilot frame SDs
+    with the slopes inflated (``generator.frame_covariance``) and the Student-t residual's SD
+    (its scale where nu <= 2, which has no SD)."""
+    from fear_assets.simulation.generator import frame_covariance
+
+    sd = np.sqrt(np.diag(frame_covariance(est, inflation)))
+    residual = est.sigma * np.sqrt(est.nu / (est.nu - 2.0)) if est.nu > 2.0 else est.sigma
+    d = design.data
+    return frame_parametrisation(sd, float(residual), d.Z, d.frame, d.n_frames)
 
 
 @dataclass(frozen=True)
@@ -38,19 +88,9 @@ class WarmStartFitter(Fitter):
     """``Fitter`` with warm-started chains (see module docstring); ``warm`` None samples cold."""
 
     def __init__(self, priors, draws: int, tune: int, chains: int, warm: WarmStart | None = None,
-                 store_unconstrained: bool = False):
-        super().__init__(priors, draws, tune, chains)
+                 store_unconstrained: bool = False, cache: list | None = None, frames: str = "non_centred"):
+        super().__init__(priors, draws, tune, chains, cache, frames)
         self.warm, self.store_unconstrained = warm, store_unconstrained
-
-    def compiled_for(self, d: PrimaryData):
-        import nutpie
-
-        compiled = next((c for ref, c in self._compiled if same_shape(ref, d)), None)
-        if compiled is None:
-            compiled = nutpie.compile_pymc_model(build_model(d, self.priors))
-            self._compiled.append((d, compiled))
-            self.compilations += 1
-        return compiled
 
     def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
         import nutpie

@@ -21,13 +21,15 @@ def sampler_of(settings, family_key: str) -> dict:
 FITTERS: dict = {}
 
 
-def fitter_for(settings, family_key: str):
-    """One Fitter per sampler set-up and process: the model compiles once per shape (D7)."""
+def fitter_for(settings, family_key: str, frames: str = "non_centred"):
+    """One Fitter per sampler set-up and process: the model compiles once per shape (D7).
+    ``frames``: the primary model's frame-effect parametrisation (``sampling.frame_parametrisation``)."""
 
     s = sampler_of(settings, family_key)
-    key = (settings.sha256, s["draws"], s["tune"], s["chains"])
+    key = (settings.sha256, s["draws"], s["tune"], s["chains"], frames)
     if key not in FITTERS:
-        FITTERS[key] = Fitter(Priors.from_settings(settings), int(s["draws"]), int(s["tune"]), int(s["chains"]))
+        FITTERS[key] = Fitter(Priors.from_settings(settings), int(s["draws"]), int(s["tune"]), int(s["chains"]),
+                              frames=frames)
     return FITTERS[key]
 
 

@@ -102,12 +102,13 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
                                                         "pilot_judge").idata)
     sigma = implied_residual_sd(primary_all.idata)
     result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=sigma,
-                                       pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths),
-                                       compilations=fitter.compilations)
+                                       pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths))
     return dg.Output(result, metadata={
         "controls": dg.MetadataValue.md(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]
                                         .round(3).to_markdown(index=False)),
         "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(sigma, 4),
+        # How many model shapes this step compiled (others reused from an earlier step of the
+        # process): run metadata, not part of the stored table, which is the same either way.
         "model compilations": fitter.compilations,
     })
 

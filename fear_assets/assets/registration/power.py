@@ -36,6 +36,7 @@ from fear_assets.simulation.generator import pilot_estimates
 from fear_assets.analysis.h4 import h4_data
 from fear_assets.analysis.primary_model import Priors
 from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
+from fear_assets.simulation.sampling import simulated_frame_parametrisation
 from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
@@ -133,7 +134,8 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     band = str(power_pilot_estimates["band"].iloc[0]).split(",")
     design = simulated_design(settings, family.depth_keys, band, frames, est.covariate_sd,
                               dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
-    fitter = fitter_for(settings, family_key)
+    frames_form = simulated_frame_parametrisation(est, design, settings.power.slope_sd_inflation)
+    fitter = fitter_for(settings, family_key, frames_form)
     t = time.perf_counter()
     blocks = p.demo.blocks if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
@@ -142,6 +144,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     return dg.MaterializeResult(metadata={
         "path": str(path), "datasets": len(datasets), "rows (trials per block)": design.rows,
         "seconds": round(time.perf_counter() - t, 1), "compilations (this process)": fitter.compilations,
+        "frame effects sampled (same prior either way)": frames_form,
         "fits missing the convergence rule": int((~labels["converged"]).sum()),
         "label frequencies (plot)": report_plots.metadata_image(report_plots.label_frequency_plot(labels),
                                                                 "power simulation label frequencies"),
