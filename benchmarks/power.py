@@ -4,6 +4,7 @@ Run (from the repository root; the machine is shared, so at low priority):
 
     nice -n 10 .venv/bin/python benchmarks/power.py --quick   # small design, < 8 min on 2 quiet cores
     nice -n 10 .venv/bin/python benchmarks/power.py           # 50 frames x 8 depths (registered size; hours)
+    nice -n 10 .venv/bin/python benchmarks/power.py --datasets 1 --b-cap 1200  # one registered-size dataset (~25 min)
 
 Data. ``fear_assets.simulation``: the registered design (``simulated_design``) at the chosen
 frame count and depths, outcomes of the primary block from ``simulate_block`` at fixed
@@ -13,12 +14,13 @@ every arm.
 
 Arms (the registered model and priors throughout, ``build_model``):
   reference  compile once, 2 chains x (``--ref-tune`` + ``--ref-draws``) per dataset: the long run.
-  a          this project's path: compile once per shape and process, swap data per dataset
-             (``with_data``), chains warm-started from a reference fit on another dataset of the
-             same design (unconstrained posterior mean as ``init_mean``, its step size as
-             ``initial_step``) with ``--a-tune`` tuning steps, registered draws; the frame
-             effects sampled as the simulation picks for the generating values
+  a          this project's path, as ``power_simulation`` fits: compile once per shape and process,
+             swap data per dataset (``with_data``), the registered sampler, the frame effects sampled
+             as the simulation picks for the generating values
              (``simulation.sampling.frame_parametrisation``: centred or non-centred, one posterior).
+             With ``--a-warm-start`` (results key ``<quick|full>_warm_start``): chains warm-started
+             from a fit on another dataset of the same design (unconstrained posterior mean as
+             ``init_mean``, its step size as ``initial_step``) with ``--a-tune`` tuning steps.
   c          nutpie's compile-once ``with_data`` loop at the registered sampler settings.
   b          simuk-style: per dataset a fresh model (``pm.observe`` semantics: the observed
              data set anew) and ``pm.sample`` (PyMC's default NUTS, registered draws/tune/chains),
@@ -123,10 +125,7 @@ def timed(fn):
 def loop_arm(name: str, fitter, data, band, hdi_prob: float, seeds, log) -> dict:
     """Compile (first call, timed apart on a throw-away fit is not needed: compile is timed
     by compiling before the loop), then fit every dataset through the compiled model."""
-    from fear_assets.simulation.sampling import WarmStartFitter
-
-    _, compile_s, compile_cpu = timed(lambda: fitter.compiled_for(data[0]) if isinstance(fitter, WarmStartFitter)
-                                      else None)
+    _, compile_s, compile_cpu = timed(lambda: fitter.compiled_for(data[0]))
     rows = []
     for i, (d, seed) in enumerate(zip(data, seeds)):
         idata, wall, cpu = timed(lambda: fitter.fit(d, seed))
@@ -209,14 +208,16 @@ def main() -> int:
     ap.add_argument("--datasets", type=int)
     ap.add_argument("--ref-draws", type=int, default=2000)
     ap.add_argument("--ref-tune", type=int, default=1000)
-    ap.add_argument("--a-tune", type=int, default=150)
+    ap.add_argument("--a-tune", type=int, default=150, help="tuning steps of arm (a) with --a-warm-start")
+    ap.add_argument("--a-warm-start", action="store_true",
+                    help="arm (a) warm-started from a fit on another dataset (init_mean, step size; --a-tune steps)")
     ap.add_argument("--b-cap", type=float)
     ap.add_argument("--child-b")
     args = ap.parse_args()
     if args.child_b:
         return child_b(args.child_b)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from fear_assets.analysis.primary_model import Priors
+    from fear_assets.analysis.primary_model import Fitter, Priors
     from fear_assets.settings import load_settings
     from fear_assets.simulation.sampling import WarmStartFitter, simulated_frame_parametrisation, warm_start_from
 
@@ -243,15 +244,18 @@ def main() -> int:
     ref = loop_arm("reference", ref_fitter, data, band, hdi_prob, seeds, log)
     log("c: nutpie compile-once with_data loop, registered settings")
     c = loop_arm("c", WarmStartFitter(priors, draws, tune, chains, cache=[]), data, band, hdi_prob, seeds, log)
-    log("a: compile once + with_data + warm start from a reference fit on another dataset")
     # The project's path samples the frame effects as the simulation would for these generating
     # values (simulation.sampling.frame_parametrisation; the same posterior either way, D3b).
     a_frames = simulated_frame_parametrisation(estimates(), design, float(settings.power.slope_sd_inflation))
-    log(f"a: frame effects {a_frames}")
-    a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[], frames=a_frames)
-    _, warm_s, _ = timed(lambda: None)
-    warm_idata, warm_s, _ = timed(lambda: a_fitter.fit(warm_data, 999))
-    a_fitter.warm, a_fitter.store_unconstrained = warm_start_from(warm_idata), False
+    if args.a_warm_start:
+        log(f"a: compile once + with_data + warm start from a fit on another dataset; frame effects {a_frames}")
+        a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[],
+                                   frames=a_frames)
+        warm_idata, warm_s, _ = timed(lambda: a_fitter.fit(warm_data, 999))
+        a_fitter.warm, a_fitter.store_unconstrained = warm_start_from(warm_idata), False
+    else:
+        log(f"a: the power simulation's path (compile once + with_data, registered sampler); frame effects {a_frames}")
+        a_fitter, warm_s = Fitter(priors, draws, tune, chains, cache=[], frames=a_frames), 0.0
     a = loop_arm("a", a_fitter, data, band, hdi_prob, seeds, log)
     a["warm_start_fit_s"] = warm_s
     a["frame_effects"] = a_frames
@@ -302,7 +306,7 @@ def main() -> int:
                "scaling assumed); per frame count (50..100: up to 6 counts); every model of a dataset as "
                "PRIMARY_FIT_EQUIVALENTS primary fits (cost proportional to rows)",
     }
-    result = {"variant": "quick" if args.quick else "full", "frames": frames, "depths": depths, "rows": design.rows,
+    result = {"variant": ("quick" if args.quick else "full") + ("_warm_start" if args.a_warm_start else ""), "frames": frames, "depths": depths, "rows": design.rows,
               "datasets": n, "sampler": {"draws": draws, "tune": tune, "chains": chains},
               "reference": {"draws": args.ref_draws, "tune": args.ref_tune}, "a_tune": args.a_tune,
               "load_before": load, "load_after": os.getloadavg(), "wall_total_s": time.perf_counter() - started,
@@ -342,6 +346,6 @@ def markdown(variant: str = "quick") -> str:
 
 if __name__ == "__main__":
     if "--markdown" in sys.argv:
-        print(markdown(sys.argv[-1] if sys.argv[-1] in ("quick", "full") else "quick"))
+        print(markdown(sys.argv[-1] if sys.argv[-1] != "--markdown" else "quick"))
         sys.exit(0)
     sys.exit(main())
