@@ -334,7 +334,9 @@ def markdown(variant: str = "quick") -> str:
     r = json.loads(RESULTS_JSON.read_text())[variant]
     lines = ["| arm | s/dataset (wall) | CPU s/dataset | min H2 ESS (bulk, tail) | s to ESS 400 | datasets/h at ESS 400 |",
              "|---|---|---|---|---|---|"]
-    names = {"a": "(a) compile once + with_data + warm start", "c": "(c) nutpie with_data loop",
+    names = {"a": "(a) compile once + with_data + warm start" if variant.endswith("_warm_start")
+             else "(a) the simulation's path (with_data, registered sampler, its frame parametrisation)",
+             "c": "(c) nutpie with_data loop",
              "b": "(b) simuk-style pm.sample, recompiling", "b_nutpie": "(b') nutpie, recompiling"}
     for k in ("a", "c", "b", "b_nutpie"):
         p = r["per_dataset"][k]
