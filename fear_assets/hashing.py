@@ -37,3 +37,17 @@ def derived_seed(master_seed: int, *parts: object) -> int:
     """
     digest = hashlib.sha256(canonical_json([master_seed, *map(str, parts)]).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def write_inference_data(idata, path: str | Path) -> Path:
+    """Write ArviZ InferenceData to netCDF without its ``created_at`` stamps, so the same draws
+    give the same bytes and the sha256 stored beside the file is reproducible. The file is
+    written beside ``path`` first and then renamed over it, so an interrupted write leaves no
+    half-written file."""
+    path = Path(path)
+    for group in idata.groups():
+        idata[group].attrs.pop("created_at", None)
+    tmp = path.with_name(path.name + ".tmp")
+    idata.to_netcdf(str(tmp))
+    tmp.replace(path)
+    return path

@@ -18,7 +18,7 @@ from fear_assets.analysis.primary_model import Priors
 from fear_assets.analysis.unmasking import unmask
 from fear_assets.assets.steps import fitter as registered_fitter
 from fear_assets.assets.steps import readable_markdown
-from fear_assets.hashing import derived_seed, sha256_file
+from fear_assets.hashing import derived_seed, sha256_file, write_inference_data
 from fear_assets.lm.surprisal import require_same_names
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
@@ -67,7 +67,7 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
                  settings.decision.hdi_prob, settings.decision.sesoi)
     path = Path(protocol.cache_dir).parent / "posteriors" / family_key / f"h4_{frame_set}.nc"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fit.idata.to_netcdf(str(path))
+    write_inference_data(fit.idata, path)
     ctrl = controls[controls["frame_set"] == frame_set]
     flags = h4_flags(fit.diagnostics, settings.convergence, bool(ctrl["h4_interpretable"].iloc[0]),
                      "h4_estimation_only" in ctrl and bool(ctrl["h4_estimation_only"].fillna(False).iloc[0]),
@@ -157,7 +157,7 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     directory.mkdir(parents=True, exist_ok=True)
     draws_path, primary_path = directory / "contrasts.npz", directory / "primary.nc"
     np.savez(draws_path, **result.draws)
-    result.fits["primary"].idata.to_netcdf(str(primary_path))
+    write_inference_data(result.fits["primary"].idata, primary_path)
     flags = estimand_flags(record, frame_set == "pilot", family.stand_in, PILOT_FALLBACK_NOTE)
     table = table.assign(family=family_key, frame_set=frame_set, band_depths=",".join(band),
                          h5_depth=depth_key(record["h5_depth"]),
