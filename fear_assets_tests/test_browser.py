@@ -94,6 +94,25 @@ def _until(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} within {timeout:.0f} s")
 
 
+def _backfill_created(driver, timeout: float = 15.0) -> str:
+    """The ID the "Created backfill ..." toast names. Polled quickly: Selenium reads a toast that
+    is still fading in as empty text (CI once failed on exactly that), and the toast goes away
+    after a few seconds."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            for toast in driver.find_elements(By.XPATH, "//*[starts-with(normalize-space(text()), 'Created backfill')]"):
+                match = re.search(r"Created backfill (\w+)", toast.text)
+                if match:
+                    return match.group(1)
+        except StaleElementReferenceException:
+            continue  # the toast re-rendered between finding and reading it: look again at once
+        time.sleep(0.2)
+    raise AssertionError(f"a 'Created backfill <id>' toast within {timeout:.0f} s")
+
+
 def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui):
     driver, base, home, runs = ui
     _dismiss_newsletter(driver, base)
@@ -153,8 +172,7 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
     _until(lambda: "2 partitions" in dialog.text, 10, "the dialog counts 2 partitions")
     _shot(driver, "backfill_dialog")
     dialog.find_element(By.XPATH, ".//button[normalize-space()='Launch backfill']").click()
-    toast = driver.find_element(By.XPATH, "//*[starts-with(normalize-space(text()), 'Created backfill')]").text
-    backfill = re.search(r"Created backfill (\w+)", toast).group(1)
+    backfill = _backfill_created(driver)
 
     def status():
         # The backfills list: the row of this backfill (ID, tags, target, who, status, ...).
