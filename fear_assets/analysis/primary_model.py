@@ -336,7 +336,11 @@ class Fitter:
         compiled = self.compiled_for(d, build, same).with_data(**updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
         with one_blas_thread():
             return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
-                                 progress_bar=False, low_rank_modified_mass_matrix=True)
+                                 progress_bar=False, low_rank_modified_mass_matrix=True, **self.sample_options())
+
+    def sample_options(self) -> dict:
+        """Extra ``nutpie.sample`` arguments (none here; a warm-started Fitter adds its start)."""
+        return {}
 
 
 def one_blas_thread():
@@ -407,6 +411,14 @@ class ResidualSDNotFiniteError(ValueError):
     finite standard deviation, so gate (c)'s scale cannot be read from it."""
 
 
+def student_t_sd(sigma, nu):
+    """The SD of a Student-t with scale ``sigma`` and ``nu`` degrees of freedom,
+    sigma * sqrt(nu / (nu - 2)); infinite where nu <= 2 (elementwise)."""
+    sigma, nu = np.asarray(sigma, dtype=float), np.asarray(nu, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(nu > 2, sigma * np.sqrt(nu / np.where(nu > 2, nu - 2, 1.0)), np.inf)
+
+
 def implied_residual_sd(idata) -> float:
     """The trial-level residual SD implied by a Student-t fit (6.2: gate (c)'s sigma).
 
@@ -422,9 +434,7 @@ def implied_residual_sd(idata) -> float:
     if sigma.ndim != 1:
         raise ValueError("implied_residual_sd reads one residual scale; pass a primary-model fit, not a joint "
                          "model with reader-specific scales")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sd = np.where(nu > 2, sigma * np.sqrt(nu / np.where(nu > 2, nu - 2, 1.0)), np.inf)
-    value = float(np.median(sd))
+    value = float(np.median(student_t_sd(sigma, nu)))
     if not np.isfinite(value):
         raise ResidualSDNotFiniteError(
             f"{int((nu <= 2).sum())} of {len(nu)} posterior draws have nu <= 2, where the Student-t residual has no "

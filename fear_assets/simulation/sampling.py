@@ -4,9 +4,9 @@ a warm start kept only where it matches a long run.
 ``frame_parametrisation`` picks, per simulation run, how the primary model's frame effects
 are sampled (both forms leave the joint prior as registered, D3b). Centring pays where each
 frame's data pin its effects down more than the group scale does: at registered size (288
-rows a frame, the generator's realistic variance components) it sampled 1.5x faster with
-every contrast converged, where the non-centred form left H1 at the rule's edge; with a
-frame-slope scale of zero it funnelled (benchmarks/reparam.py, RESULTS.md). The generating scales are
+rows a frame, the generator's realistic variance components) it reached ESS 400 on every
+contrast 1.78x sooner, where the non-centred form left H1 at the rule's edge; with no
+frame-slope variance it diverged (benchmarks/reparam.py, RESULTS.md). The generating scales are
 known in a simulation, so the choice is made from them.
 
 Every simulated dataset of a family shares the design, so the posterior geometry barely
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fear_assets.analysis.primary_model import Fitter, PrimaryData, data_updates, one_blas_thread
+from fear_assets.analysis.primary_model import Fitter, student_t_sd
 
 
 #: Centre only where every frame effect's generating SD is at least this multiple of its
@@ -63,7 +63,7 @@ def simulated_frame_parametrisation(est, design, inflation: float) -> str:
     from fear_assets.simulation.generator import frame_covariance
 
     sd = np.sqrt(np.diag(frame_covariance(est, inflation)))
-    residual = est.sigma * np.sqrt(est.nu / (est.nu - 2.0)) if est.nu > 2.0 else est.sigma
+    residual = float(student_t_sd(est.sigma, est.nu)) if est.nu > 2.0 else est.sigma
     d = design.data
     return frame_parametrisation(sd, float(residual), d.Z, d.frame, d.n_frames)
 
@@ -92,16 +92,10 @@ class WarmStartFitter(Fitter):
         super().__init__(priors, draws, tune, chains, cache, frames)
         self.warm, self.store_unconstrained = warm, store_unconstrained
 
-    def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
-        import nutpie
-
-        sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
-        compiled = self.compiled_for(d).with_data(**data_updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
+    def sample_options(self) -> dict:
         extra = {}
         if self.warm is not None:
             extra = {"init_mean": self.warm.init_mean, "initial_step": self.warm.step_size}
         if self.store_unconstrained:
             extra["store_unconstrained"] = True
-        with one_blas_thread():
-            return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
-                                 progress_bar=False, low_rank_modified_mass_matrix=True, **extra)
+        return extra
