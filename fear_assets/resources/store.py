@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,8 +22,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import duckdb
+import filelock
 import pandas as pd
-from dagster import InputContext, MetadataValue, TableColumn, TableSchema
+from dagster import DagsterInvariantViolationError, InputContext, MetadataValue, TableColumn, TableSchema
 from dagster._core.definitions.metadata import TableMetadataSet
 from dagster._core.definitions.partitions.utils import TimeWindow
 from dagster._core.storage.db_io_manager import DbClient, DbIOManager, TableSlice
@@ -62,13 +64,71 @@ def _lock_named(database: str) -> Iterator[None]:
             f"({STORE_ENV}=parquet). Nothing was written") from exc
 
 
+#: How long a step waits for another step's turn on the embedded file before it gives up
+#: (a write takes seconds; ten minutes means the other holder is stuck, not busy).
+WRITER_LOCK_TIMEOUT_S = 600.0
+
+
+def writer_lock_path(database: str) -> str | None:
+    """The file beside the embedded store that its writers queue on (None for ``:memory:``)."""
+    return None if database == ":memory:" else f"{database}.writer.lock"
+
+
+def _step_log(context):
+    try:
+        return context.log
+    except DagsterInvariantViolationError:  # a context built by hand in a test carries no log
+        return None
+
+
+@contextmanager
+def _one_writer_at_a_time(database: str, log) -> Iterator[None]:
+    """Hold the embedded file's writer lock for one connection.
+
+    The ``duckdb`` pool (limit 1) is what keeps a backfill's steps off the file together, but
+    Dagster's pools on Postgres claim a slot in separate auto-committed statements (check the
+    free slots, then add the step as assigned), so two steps that ask in the same instant can
+    both be admitted; a CI run of ``test_store_concurrency`` saw it. DuckDB then refuses the
+    second process and the stock client retries with back-off. This OS-level lock (``filelock``,
+    released by the kernel if the process dies) makes the writers queue instead, whatever the
+    pool does: the guarantee "one writer at a time" lives next to the file it protects."""
+    path = writer_lock_path(database)
+    if path is None:
+        yield
+        return
+    lock = filelock.FileLock(path, timeout=WRITER_LOCK_TIMEOUT_S)
+    asked = time.monotonic()
+    try:
+        lock.acquire()
+    except filelock.Timeout as exc:
+        raise StoreLockedError(
+            f"the DuckDB store {database} stayed held by another step for {WRITER_LOCK_TIMEOUT_S:.0f} s (its lock "
+            f"file {path}). The embedded store admits one writer at a time: find the stuck run in the Dagster UI "
+            f"and terminate it, or use the multi-writer Parquet store ({STORE_ENV}=parquet). Nothing was written"
+        ) from exc
+    waited = time.monotonic() - asked
+    if log is not None:
+        # the concurrent-writer test reads these two lines to time each write's turn on the file
+        (log.info if waited >= 1.0 else log.debug)(f"STORE_TURN_BEGIN {database} after waiting {waited:.1f} s "
+                                                   "for another writer")
+    try:
+        yield
+    finally:
+        lock.release()
+        if log is not None:
+            log.debug(f"STORE_TURN_END {database}")
+
+
 class TransactionalDuckDbClient(DuckDbClient):
-    """DuckDbClient whose every connection is one transaction (commit or roll back)."""
+    """DuckDbClient whose every connection is one transaction (commit or roll back), taken
+    in turn with the other steps writing the same file (``_one_writer_at_a_time``)."""
 
     @staticmethod
     @contextmanager
     def connect(context, table_slice):
-        with _lock_named(context.resource_config["database"]), DuckDbClient.connect(context, table_slice) as conn:
+        database = context.resource_config["database"]
+        with (_one_writer_at_a_time(database, _step_log(context)), _lock_named(database),
+              DuckDbClient.connect(context, table_slice) as conn):
             conn.execute("BEGIN TRANSACTION")
             try:
                 yield conn
