@@ -12,16 +12,21 @@ synthetic pilot estimates (benchmarks/fit.py's variance components), scenario
 ``meaningful`` (H1 = H2 = H3 = 0.30); dataset i's outcomes and fit seeds are the same in
 every arm.
 
-Arms (the registered model and priors throughout, ``build_model``):
-  reference  compile once, 2 chains x (``--ref-tune`` + ``--ref-draws``) per dataset: the long run.
+Arms (the registered model and priors throughout, ``build_model``; the baselines evaluate mu
+row by row, ``predictor="direct"``, as the model reads in 6.1):
+  reference  compile once, 2 chains x (``--ref-tune`` + ``--ref-draws``) per dataset: the long run
+             (non-centred, row by row: independent of both of (a)'s choices).
   a          this project's path, as ``power_simulation`` fits: compile once per shape and process,
-             swap data per dataset (``with_data``), the registered sampler, the frame effects sampled
-             as the simulation picks for the generating values
+             swap data per dataset (``with_data``), the registered sampler, mu evaluated per distinct
+             design row (``predictor="cells"``, ``primary_model.design_cells``), the frame effects
+             sampled as the simulation picks for the generating values
              (``simulation.sampling.frame_parametrisation``: centred or non-centred, one posterior).
              With ``--a-warm-start`` (results key ``<quick|full>_warm_start``): chains warm-started
              from a fit on another dataset of the same design (unconstrained posterior mean as
              ``init_mean``, its step size as ``initial_step``) with ``--a-tune`` tuning steps.
   c          nutpie's compile-once ``with_data`` loop at the registered sampler settings.
+  c_cells    (c) on (a)'s cells graph, non-centred: splits (a)/(c) into what the graph buys and
+             what the centring buys.
   b          simuk-style: per dataset a fresh model (``pm.observe`` semantics: the observed
              data set anew) and ``pm.sample`` (PyMC's default NUTS, registered draws/tune/chains),
              recompiling every time; in a child process under ``--b-cap`` seconds (a capped run
@@ -68,6 +73,11 @@ PRIMARY_FIT_EQUIVALENTS = {"primary": 1.0, "recall": 1.0, "service_relevance": 1
                            "control_addressee_name": 4 / 6, "judge": 2.0, "probe": 2.0, "forced_choice": 2 / 8}
 #: FACTS.md, 2026-11-30: one registered-size primary fit, 2 x (500 + 500), nutpie, 2 cores.
 FACTS_REGISTERED_FIT = {"compile_s": 19.5, "sampling_s": 117.0}
+#: RESULTS.md "One H200": BlackJAX NUTS over 128 datasets' chains, seconds to ESS 400 per
+#: registered-size primary dataset (2026-11-30; the candidate, not the registered path).
+H200_CANDIDATE_S_TO_ESS400 = 1.25
+#: The device machine that carries the H200 has 16 CPU cores (what the registered path, nutpie, runs on).
+H200_HOST_CORES = 16
 
 
 def estimates():
@@ -149,7 +159,7 @@ def child_b(workdir: str) -> int:
     out = Path(workdir) / "b.jsonl"
     for i, d in enumerate(data):
         t, c = time.perf_counter(), time.process_time()
-        with build_model(d, priors):
+        with build_model(d, priors, predictor="direct"):
             idata = pm.sample(draws=spec["draws"], tune=spec["tune"], chains=spec["chains"], random_seed=spec["seeds"][i],
                               progressbar=False, compute_convergence_checks=False)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
@@ -239,11 +249,15 @@ def main() -> int:
     log(f"design: {frames} frames x {depths} depths = {design.rows} rows; {n} datasets; load {load}")
 
     ref_fitter = WarmStartFitter(priors, args.ref_draws, args.ref_tune, chains, store_unconstrained=True,
-                                 cache=[])  # each arm compiles (and is timed) apart
+                                 cache=[], predictor="direct")  # each arm compiles (and is timed) apart
     log("reference (long run)")
     ref = loop_arm("reference", ref_fitter, data, band, hdi_prob, seeds, log)
     log("c: nutpie compile-once with_data loop, registered settings")
-    c = loop_arm("c", WarmStartFitter(priors, draws, tune, chains, cache=[]), data, band, hdi_prob, seeds, log)
+    c = loop_arm("c", Fitter(priors, draws, tune, chains, cache=[], predictor="direct"), data, band, hdi_prob,
+                 seeds, log)
+    log("c_cells: the same loop on the cells graph (non-centred)")
+    c_cells = loop_arm("c_cells", Fitter(priors, draws, tune, chains, cache=[], predictor="cells"), data, band,
+                       hdi_prob, seeds, log)
     # The project's path samples the frame effects as the simulation would for these generating
     # values (simulation.sampling.frame_parametrisation; the same posterior either way, D3b).
     a_frames = simulated_frame_parametrisation(estimates(), design, float(settings.power.slope_sd_inflation))
@@ -266,7 +280,8 @@ def main() -> int:
 
         rows = []
         for i, (d, seed) in enumerate(zip(data[:1], seeds)):
-            idata, wall, cpu = timed(lambda: sample(build_model(d, priors), draws, tune, chains, seed))
+            idata, wall, cpu = timed(lambda: sample(build_model(d, priors, predictor="direct"), draws, tune, chains,
+                                                    seed))
             rows.append({"dataset": i, "wall_s": wall, "cpu_s": cpu, "contrasts": stats(contrasts(d, idata, band), hdi_prob)})
             log(f"  b_nutpie dataset {i}: {wall:.1f} s")
         return {"fits": rows}
@@ -277,6 +292,7 @@ def main() -> int:
               cap, log)
 
     pa, pb, pc, pbn = per_dataset(a), per_dataset(b), per_dataset(c), per_dataset(b_nutpie)
+    pcc = per_dataset(c_cells)
     if b["capped"] and not b["fits"]:
         # capped before finishing one dataset: its time is at least the cap, its ESS at most N draws
         pb = {"wall_s": cap, "s_to_ess400": cap * TARGET_ESS / (draws * chains), "lower_bound": True}
@@ -286,7 +302,7 @@ def main() -> int:
     # threads) do not, so the (a)/(c) ratio is also given on CPU seconds to equal ESS.
     ratio_c = pa["datasets_per_hour"] / pc["datasets_per_hour"]
     ratio_c_cpu = pc["cpu_s_to_ess400"] / pa["cpu_s_to_ess400"]
-    hdi_a, hdi_c = max_hdi_diff(a, ref), max_hdi_diff(c, ref)
+    hdi_a, hdi_c, hdi_cc = max_hdi_diff(a, ref), max_hdi_diff(c, ref), max_hdi_diff(c_cells, ref)
     # Projection: full registered simulation = 2,000 datasets x 3 scenarios x the fits of one dataset,
     # per frame count, in primary-fit equivalents (cost taken as proportional to rows: see
     # PRIMARY_FIT_EQUIVALENTS); one fit = FACTS' registered-size fit scaled by the measured a/c ratio.
@@ -299,8 +315,12 @@ def main() -> int:
         "fit_s_path_a_registered_size_projected": t_a,
         "this_machine_2_cores_days": fits_per_frame_count * t_a / 86400,
         "64_cores_days": fits_per_frame_count * t_a / 32 / 86400,
-        "h200": "not projected: this release has no GPU sampler (nutpie's numba backend runs on CPU); "
-                "a vectorised JAX path (BlackJAX/NumPyro over many datasets) would be needed and measured",
+        "h200_host_registered_path_days": fits_per_frame_count * t_a / (H200_HOST_CORES // 2) / 86400,
+        "h200_candidate_days": fits_per_frame_count * H200_CANDIDATE_S_TO_ESS400 / 86400,
+        "h200": "projected, not measured: the registered path (nutpie) runs on the GPU host's CPUs, 16 cores "
+                "= 8 fits at once; the BlackJAX candidate's 1.25 s to ESS 400 per registered-size primary "
+                "dataset (measured on one H200, RESULTS.md 'One H200') applied to every fit, a path that is "
+                "not the registered one until its HDIs match a long run",
         "how": "FACTS.md registered-size nutpie fit (117 s sampling, 2 cores) x measured (a)/(c) time ratio at the "
                "benchmark's size; one fit uses 2 chains on 2 cores, so 64 cores run 32 fits at once (linear "
                "scaling assumed); per frame count (50..100: up to 6 counts); every model of a dataset as "
@@ -310,19 +330,21 @@ def main() -> int:
               "datasets": n, "sampler": {"draws": draws, "tune": tune, "chains": chains},
               "reference": {"draws": args.ref_draws, "tune": args.ref_tune}, "a_tune": args.a_tune,
               "load_before": load, "load_after": os.getloadavg(), "wall_total_s": time.perf_counter() - started,
-              "per_dataset": {"a": pa, "b": pb, "c": pc, "b_nutpie": pbn},
-              "compile_s": {"a": a["compile_s"], "c": c["compile_s"], "reference": ref["compile_s"]},
-              "b_capped": b["capped"], "max_hdi_diff_vs_reference": {"a": hdi_a, "c": hdi_c},
+              "per_dataset": {"a": pa, "b": pb, "c": pc, "c_cells": pcc, "b_nutpie": pbn},
+              "compile_s": {"a": a["compile_s"], "c": c["compile_s"], "c_cells": c_cells["compile_s"],
+                            "reference": ref["compile_s"]},
+              "b_capped": b["capped"], "max_hdi_diff_vs_reference": {"a": hdi_a, "c": hdi_c, "c_cells": hdi_cc},
               "speedup_vs_recompile": ratio_b, "speedup_vs_with_data": ratio_c,
               "speedup_vs_with_data_cpu": ratio_c_cpu, "projection": projection,
-              "arms": {"reference": ref, "a": a, "c": c, "b": b, "b_nutpie": b_nutpie}}
+              "arms": {"reference": ref, "a": a, "c": c, "c_cells": c_cells, "b": b, "b_nutpie": b_nutpie}}
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     existing[result["variant"]] = result
     RESULTS_JSON.write_text(json.dumps(existing, indent=2, default=float) + "\n")
     for k, v in result["per_dataset"].items():
         log(f"{k:>9}: {v}")
-    log(f"max |HDI diff| vs reference: a {hdi_a:.4f}, c {hdi_c:.4f}; projection: {json.dumps(projection)}")
+    log(f"max |HDI diff| vs reference: a {hdi_a:.4f}, c {hdi_c:.4f}, c_cells {hdi_cc:.4f}; "
+        f"projection: {json.dumps(projection)}")
     log(f"(a)/(c) on CPU seconds to ESS 400: {ratio_c_cpu:.2f}")
     log(f"speedup_vs_recompile={ratio_b:.2f}{'(bound)' if pb.get('lower_bound') else ''} "
         f"speedup_vs_with_data={ratio_c:.2f} max_hdi_diff={hdi_a:.4f}")
@@ -336,9 +358,11 @@ def markdown(variant: str = "quick") -> str:
              "|---|---|---|---|---|---|"]
     names = {"a": "(a) compile once + with_data + warm start" if variant.endswith("_warm_start")
              else "(a) the simulation's path (with_data, registered sampler, its frame parametrisation)",
-             "c": "(c) nutpie with_data loop",
+             "c": "(c) nutpie with_data loop", "c_cells": "(c') the with_data loop on the cells graph",
              "b": "(b) simuk-style pm.sample, recompiling", "b_nutpie": "(b') nutpie, recompiling"}
-    for k in ("a", "c", "b", "b_nutpie"):
+    for k in ("a", "c", "c_cells", "b", "b_nutpie"):
+        if k not in r["per_dataset"]:
+            continue  # a result from before the arm existed
         p = r["per_dataset"][k]
         lines.append(f"| {names[k]} | {p.get('wall_s', float('nan')):.1f} | {p.get('cpu_s', float('nan')):.1f} | "
                      f"{p.get('min_ess_h2', float('nan')):.0f} | {p['s_to_ess400']:.1f} | {p['datasets_per_hour']:.1f}"

@@ -35,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.coding import cell_row, design, frame_slopes, sum_columns
-from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, Priors, check_band, check_covariates,
-                                                frame_and_unit_effects, hypotheses, posterior_draws,
-                                                student_t_residual)
+from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, PREDICTORS, DesignCells, Priors,
+                                                cells_data, cells_fixed_part, check_band, check_covariates,
+                                                covariate_columns, design_cells, frame_and_unit_effects,
+                                                hypotheses, posterior_draws, student_t_residual)
 
 _CELL_FACTORS = ("agent", "content", "depth")
 _COLUMNS = ("agent", "content", "depth", "order", "option", "rotation", "fear", "frame", "unit")
@@ -113,31 +114,46 @@ def prepare_joint(data: pd.DataFrame, levels: Mapping[str, Sequence], factor: st
                      float(factor_sd), bool(per_block_sigma), tuple(covariates))
 
 
-def build_joint_model(d: JointData, priors: Priors):
+def joint_cells(d: JointData) -> DesignCells:
+    """The cells of the joint design: the shared and block columns side by side ([X | W]), the
+    covariates continuous (``primary_model.design_cells``)."""
+    return design_cells(np.column_stack([d.X, d.W]), d.Z, d.frame, covariate_columns(d.names, d.covariates))
+
+
+def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
     """Named variables: ``intercept``, ``beta`` (shared), ``block_beta`` (the block factor),
     the primary model's ``frame_chol``/``z_frame``/``frame_effects`` and ``unit_sd``/``z_unit``,
-    ``sigma`` (dims block where per-block), ``nu``. Data are ``pm.Data`` containers."""
+    ``sigma`` (dims block where per-block), ``nu``. Data are ``pm.Data`` containers.
+    ``predictor``: mu per distinct design row ("cells") or row by row ("direct"), as in
+    ``primary_model.build_model``; the same model."""
     import pymc as pm
+    import pytensor.tensor as pt
+
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor={predictor!r}: use one of {list(PREDICTORS)}")
 
     n_effects = d.Z.shape[1]
     coords = {"fixed": d.names, "block_fixed": d.w_names, "block": list(d.blocks),
               "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
     with pm.Model(coords=coords) as model:
-        X = pm.Data("X", d.X)
-        W = pm.Data("W", d.W)
-        Z = pm.Data("Z", d.Z)
-        y = pm.Data("y", d.y)
-        frame = pm.Data("frame", d.frame.astype("int64"))
-        unit = pm.Data("unit", d.unit.astype("int64"))
-        block = pm.Data("block", d.block.astype("int64")) if d.per_block_sigma else None
+        data = {k: pm.Data(k, v) for k, v in joint_updates(d, predictor).items()}
         intercept = pm.Normal("intercept", 0.0, priors.intercept_sd)
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
         block_beta = pm.Normal("block_beta", 0.0, d.factor_sd, dims="block_fixed")
-        random = frame_and_unit_effects(Z, frame, unit, d.n_frames, n_effects, d.n_units, priors)
+        if predictor == "direct":
+            fixed = intercept + pm.math.dot(data["X"], beta) + pm.math.dot(data["W"], block_beta)
+            random = frame_and_unit_effects(data["Z"], data["frame"], data["unit"], d.n_frames, n_effects,
+                                            d.n_units, priors)
+        else:
+            fixed = cells_fixed_part(data, intercept, pt.concatenate([beta, block_beta]),
+                                     covariate_columns(d.names, d.covariates))
+            random = frame_and_unit_effects(None, None, data["unit"], d.n_frames, n_effects, d.n_units, priors,
+                                            patterns=(data["Z_patterns"], data["frame_pattern"]))
         sigma, nu = student_t_residual(priors, dims="block" if d.per_block_sigma else None)
-        mu = intercept + pm.math.dot(X, beta) + pm.math.dot(W, block_beta) + random
-        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma[block] if d.per_block_sigma else sigma, observed=y)
+        mu = fixed + random
+        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma[data["block"]] if d.per_block_sigma else sigma,
+                    observed=data["y"])
     return model
 
 
@@ -145,11 +161,16 @@ def joint_same_shape(a: JointData, b: JointData) -> bool:
     return (a.X.shape[1] == b.X.shape[1] and a.W.shape[1] == b.W.shape[1] and a.Z.shape[1] == b.Z.shape[1]
             and a.n_frames == b.n_frames and a.n_units == b.n_units and list(a.names) == list(b.names)
             and list(a.w_names) == list(b.w_names) and a.per_block_sigma == b.per_block_sigma
-            and a.factor_sd == b.factor_sd)
+            and a.factor_sd == b.factor_sd and tuple(a.covariates) == tuple(b.covariates))
 
 
-def joint_updates(d: JointData) -> dict[str, np.ndarray]:
-    out = {"X": d.X, "W": d.W, "Z": d.Z, "y": d.y, "frame": d.frame.astype("int64"), "unit": d.unit.astype("int64")}
+def joint_updates(d: JointData, predictor: str = "cells") -> dict[str, np.ndarray]:
+    """The joint model's data containers for ``d`` (what ``with_data`` swaps per fit)."""
+    if predictor == "direct":
+        out = {"X": d.X, "W": d.W, "Z": d.Z, "frame": d.frame.astype("int64")}
+    else:
+        out = cells_data(joint_cells(d))
+    out.update({"y": d.y, "unit": d.unit.astype("int64")})
     if d.per_block_sigma:  # the block index enters the graph only through the per-block scales
         out["block"] = d.block.astype("int64")
     return out

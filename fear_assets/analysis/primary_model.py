@@ -9,6 +9,13 @@ Cholesky factor or centred on the fixed effects they vary about, either of which
 joint prior unchanged) + a unit intercept
 (half-Normal(0, 0.5) scale, non-centred). Sampled with nutpie (PyMC's NUTS as fallback).
 
+mu is evaluated per distinct design row (:func:`design_cells`): a registered-size table has
+14,400 trials but 1,440 distinct rows of the design apart from its two continuous covariates,
+and 6 distinct frame-slope rows, so the fixed part is computed once per row pattern and the
+frame part once per (frame, slope pattern), then gathered per trial. The same mu to rounding,
+with a gradient 5-6.5x cheaper at registered size (``benchmarks/gradient.py``); ``predictor=
+"direct"`` keeps the row-by-row form (the with_data baseline of the benchmark).
+
 The random-effects structure (:func:`frame_and_unit_effects`) and the Student-t residual
 (:func:`student_t_residual`) are the building blocks that the joint two-block models (gate
 (c)'s reader factor, the positive controls' condition factor: ``analysis/joint.py``) reuse,
@@ -133,6 +140,68 @@ FRAME_EFFECTS = {6: ["intercept", "agent1", "agent2", "content", "agent1:content
 #: frame's data say much (registered size: 288 rows a frame; benchmarks/reparam.py).
 FRAME_PARAMETRISATIONS = ("non_centred", "centred")
 
+#: How mu is evaluated (the same model, the same mu to rounding): "cells", once per distinct
+#: design row and gathered per trial (:func:`design_cells`), or "direct", row by row (X @ beta and
+#: each trial's frame slopes; a dense product over the whole table and a scatter of every
+#: trial's gradient back onto its frame, which dominated a registered-size gradient).
+PREDICTORS = ("cells", "direct")
+
+
+@dataclass(frozen=True)
+class DesignCells:
+    """The design stored by its distinct rows: trial i's fixed part is
+    ``X_cells[cell[i]] @ beta + X_covariates[i] @ beta[covariate_columns]`` and its frame part
+    ``(frame_effects @ Z_patterns.T).ravel()[frame_pattern[i]]`` (= ``Z[i] @ frame_effects[frame[i]]``)."""
+
+    X_cells: np.ndarray  # distinct rows of X with the covariate columns set to zero
+    cell: np.ndarray  # trial -> row of X_cells
+    X_covariates: np.ndarray  # trials x covariates: the continuous columns, kept per trial
+    covariate_columns: tuple[int, ...]
+    Z_patterns: np.ndarray  # distinct rows of Z
+    frame_pattern: np.ndarray  # trial -> frame * len(Z_patterns) + its row of Z_patterns
+
+
+def design_cells(X: np.ndarray, Z: np.ndarray, frame: np.ndarray, covariate_columns: Sequence[int]) -> DesignCells:
+    """:class:`DesignCells` of a design (X, Z, frame) whose ``covariate_columns`` of X are
+    continuous (kept per trial). Pure and deterministic (``np.unique`` sorts the rows), so the
+    same design gives the same cells."""
+    columns = tuple(int(c) for c in covariate_columns)
+    discrete = X.copy()
+    discrete[:, list(columns)] = 0.0
+    X_cells, cell = np.unique(discrete, axis=0, return_inverse=True)
+    Z_patterns, pattern = np.unique(Z, axis=0, return_inverse=True)
+    return DesignCells(X_cells, cell.reshape(-1).astype(np.int64), X[:, list(columns)], columns, Z_patterns,
+                       frame.astype(np.int64) * len(Z_patterns) + pattern.reshape(-1).astype(np.int64))
+
+
+def covariate_columns(names: Sequence[str], covariates: Sequence[str]) -> tuple[int, ...]:
+    """Where the continuous covariates sit among the design's columns."""
+    return tuple(list(names).index(c) for c in covariates if c in names)
+
+
+def primary_cells(d: PrimaryData) -> DesignCells:
+    """:func:`design_cells` of the primary model's data."""
+    return design_cells(d.X, d.Z, d.frame, covariate_columns(d.names, d.covariates))
+
+
+def cells_data(c: DesignCells) -> dict[str, np.ndarray]:
+    """The model's data containers of a cells design (with ``unit`` and ``y``, all it reads)."""
+    out = {"X_cells": c.X_cells, "cell": c.cell, "Z_patterns": c.Z_patterns, "frame_pattern": c.frame_pattern}
+    if c.covariate_columns:
+        out["X_covariates"] = c.X_covariates
+    return out
+
+
+def cells_fixed_part(data: Mapping, intercept, coefficients, columns: Sequence[int]):
+    """intercept + X @ coefficients, once per distinct row then per trial (``data``: the
+    containers of :func:`cells_data`)."""
+    import pymc as pm
+
+    fixed = (intercept + pm.math.dot(data["X_cells"], coefficients))[data["cell"]]
+    if columns:
+        fixed = fixed + pm.math.dot(data["X_covariates"], coefficients[list(columns)])
+    return fixed
+
 
 @dataclass(frozen=True)
 class FrameCentring:
@@ -181,14 +250,16 @@ def frame_means(centring: FrameCentring, intercept, beta, n_frames: int):
 
 
 def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_units: int, priors: Priors,
-                           means=None):
+                           means=None, patterns=None):
     """The registered random effects' contribution to mu (6.1, D3b), inside a model context:
     per frame, ``Z.shape[1]`` correlated effects (intercept, agent, content, agent x content:
     six) with an LKJ(eta) correlation prior and half-Normal(group_sd) scales (``frame_chol``,
     ``frame_effects``); plus a unit intercept with a half-Normal(group_sd) scale (``unit_sd``,
     ``z_unit``). The frame effects are non-centred through the Cholesky factor (``z_frame``)
     or, given ``means`` (:func:`frame_means`), sampled centred on them (``frame_centred``):
-    frame_effects = frame_centred - means, the same joint prior either way."""
+    frame_effects = frame_centred - means, the same joint prior either way. ``patterns``: the data
+    containers (Z_patterns, frame_pattern) of :class:`DesignCells`, in place of ``Z`` and
+    ``frame``: each frame's sum over its distinct slope rows, gathered per trial (the same sum)."""
     import pymc as pm
 
     chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
@@ -201,7 +272,12 @@ def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_unit
         frame_effects = pm.Deterministic("frame_effects", centred - means)
     unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
     z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=n_units)
-    return (Z * frame_effects[frame]).sum(axis=1) + unit_sd * z_unit[unit]
+    if patterns is None:
+        frame_part = (Z * frame_effects[frame]).sum(axis=1)
+    else:
+        Z_patterns, frame_pattern = patterns
+        frame_part = pm.math.dot(frame_effects, Z_patterns.T).reshape((-1,))[frame_pattern]
+    return frame_part + unit_sd * z_unit[unit]
 
 
 def student_t_residual(priors: Priors, dims: str | None = None):
@@ -214,10 +290,11 @@ def student_t_residual(priors: Priors, dims: str | None = None):
     return sigma, nu
 
 
-def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred"):
-    """The registered model. Its data are ``pm.Data`` containers (X, Z, y, frame, unit), so a
+def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred", predictor: str = "cells"):
+    """The registered model. Its data are ``pm.Data`` containers (the design, y, unit), so a
     compiled model refits another outcome or dataset of the same shape without recompiling
-    (:func:`refit`). ``frames``: how the frame effects are sampled (``FRAME_PARAMETRISATIONS``).
+    (:func:`refit`). ``frames``: how the frame effects are sampled (``FRAME_PARAMETRISATIONS``);
+    ``predictor``: how mu is evaluated (``PREDICTORS``); neither changes the model.
     The centring is read off this ``d``'s design; a refit of another design through
     ``with_data`` keeps the joint prior exactly (frame_effects = centred - means is
     MvNormal(0, chol) for any means), it may only mix less well."""
@@ -225,21 +302,26 @@ def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred"):
 
     if frames not in FRAME_PARAMETRISATIONS:
         raise ValueError(f"frames={frames!r}: use one of {list(FRAME_PARAMETRISATIONS)}")
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor={predictor!r}: use one of {list(PREDICTORS)}")
     n_effects = d.Z.shape[1]
     coords = {"fixed": d.names, "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
     with pm.Model(coords=coords) as model:
-        X = pm.Data("X", d.X)
-        Z = pm.Data("Z", d.Z)
-        y = pm.Data("y", d.y)
-        frame = pm.Data("frame", d.frame.astype("int64"))
-        unit = pm.Data("unit", d.unit.astype("int64"))
+        data = {k: pm.Data(k, v) for k, v in data_updates(d, predictor).items() if k != "document"}
         intercept = pm.Normal("intercept", 0.0, priors.intercept_sd)
         # A data container, so the prior-sensitivity refit (Normal(0, 1)) reuses the compiled model.
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
         means = (frame_means(frame_centring(d.X, d.Z, d.frame, d.n_frames), intercept, beta, d.n_frames)
                  if frames == "centred" else None)
-        random = frame_and_unit_effects(Z, frame, unit, d.n_frames, n_effects, d.n_units, priors, means)
+        if predictor == "direct":
+            fixed = intercept + pm.math.dot(data["X"], beta)
+            random = frame_and_unit_effects(data["Z"], data["frame"], data["unit"], d.n_frames, n_effects,
+                                            d.n_units, priors, means)
+        else:
+            fixed = cells_fixed_part(data, intercept, beta, covariate_columns(d.names, d.covariates))
+            random = frame_and_unit_effects(None, None, data["unit"], d.n_frames, n_effects, d.n_units, priors,
+                                            means, patterns=(data["Z_patterns"], data["frame_pattern"]))
         if d.document is not None:
             # H4 (6.1): an extra document intercept over the two content versions.
             doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
@@ -248,29 +330,38 @@ def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred"):
         else:
             mu_doc = 0.0
         sigma, nu = student_t_residual(priors)
-        mu = intercept + pm.math.dot(X, beta) + random + mu_doc
-        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=y)
+        mu = fixed + random + mu_doc
+        pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma, observed=data["y"])
     return model
 
 
-def build_centred_model(d: PrimaryData, priors: Priors):
-    """:func:`build_model` with the frame effects centred on their fixed effects (a builder of
-    its own, so a compiled model is looked up by its parametrisation)."""
-    return build_model(d, priors, frames="centred")
+def _builder(frames: str, predictor: str):
+    def build(d: PrimaryData, priors: Priors):
+        return build_model(d, priors, frames=frames, predictor=predictor)
+
+    build.__name__ = build.__qualname__ = f"build_model_{frames}_{predictor}"
+    return build
 
 
-BUILDERS = {"non_centred": build_model, "centred": build_centred_model}
+#: One builder per (frames, predictor), so a compiled model is looked up by its form.
+BUILDERS = {(f, p): _builder(f, p) for f in FRAME_PARAMETRISATIONS for p in PREDICTORS}
 
 
 def same_shape(a: PrimaryData, b: PrimaryData) -> bool:
     """Whether ``b`` can go through a model compiled for ``a`` (same parameters)."""
     return (a.X.shape[1] == b.X.shape[1] and a.Z.shape[1] == b.Z.shape[1] and a.n_frames == b.n_frames
             and a.n_units == b.n_units and list(a.names) == list(b.names)
+            and tuple(a.covariates) == tuple(b.covariates)
             and (a.document is None) == (b.document is None) and a.n_documents == b.n_documents)
 
 
-def data_updates(d: PrimaryData) -> dict[str, np.ndarray]:
-    out = {"X": d.X, "Z": d.Z, "y": d.y, "frame": d.frame.astype("int64"), "unit": d.unit.astype("int64")}
+def data_updates(d: PrimaryData, predictor: str = "cells") -> dict[str, np.ndarray]:
+    """The model's data containers for ``d`` (what ``with_data`` swaps per fit)."""
+    if predictor == "direct":
+        out = {"X": d.X, "Z": d.Z, "frame": d.frame.astype("int64")}
+    else:
+        out = cells_data(primary_cells(d))
+    out.update({"y": d.y, "unit": d.unit.astype("int64")})
     if d.document is not None:
         out["document"] = d.document.astype("int64")
     return out
@@ -288,13 +379,17 @@ class Fitter:
     shape through nutpie's ``with_data`` (compiling costs more than sampling at pilot sizes).
     ``cache``: the compiled models to look in and add to; the process-wide ``COMPILED`` unless
     given (a test passes its own list to compile afresh). ``frames``: how the primary model's
-    frame effects are sampled (``FRAME_PARAMETRISATIONS``; the posterior is the same)."""
+    frame effects are sampled (``FRAME_PARAMETRISATIONS``), ``predictor``: how its mu is
+    evaluated (``PREDICTORS``); the posterior is the same."""
 
     def __init__(self, priors: Priors, draws: int, tune: int, chains: int, cache: list | None = None,
-                 frames: str = "non_centred"):
-        if frames not in BUILDERS:
-            raise ValueError(f"Fitter(frames={frames!r}): use one of {list(BUILDERS)}")
+                 frames: str = "non_centred", predictor: str = "cells"):
+        if frames not in FRAME_PARAMETRISATIONS:
+            raise ValueError(f"Fitter(frames={frames!r}): use one of {list(FRAME_PARAMETRISATIONS)}")
+        if predictor not in PREDICTORS:
+            raise ValueError(f"Fitter(predictor={predictor!r}): use one of {list(PREDICTORS)}")
         self.priors, self.draws, self.tune, self.chains, self.frames = priors, draws, tune, chains, frames
+        self.predictor = predictor
         self._compiled = COMPILED if cache is None else cache
         self.compilations = 0  # by this Fitter (a model another Fitter compiled is reused, not counted)
 
@@ -304,7 +399,7 @@ class Fitter:
 
     def lookup(self, d, build=None, same=None):
         """The compiled model for ``d``'s shape under these priors, or None."""
-        build, same = build or BUILDERS[self.frames], same or same_shape
+        build, same = build or BUILDERS[(self.frames, self.predictor)], same or same_shape
         key = self._key()
         return next((c for b, p, ref, c in self._compiled
                      if b is build and p == key and type(ref) is type(d) and same(ref, d)), None)
@@ -313,7 +408,7 @@ class Fitter:
         """``lookup``, compiling (and keeping) the model for ``d``'s shape where there is none."""
         import nutpie
 
-        build, same = build or BUILDERS[self.frames], same or same_shape
+        build, same = build or BUILDERS[(self.frames, self.predictor)], same or same_shape
         compiled = self.lookup(d, build, same)
         if compiled is None:
             compiled = nutpie.compile_pymc_model(build(d, self.priors))
@@ -327,7 +422,8 @@ class Fitter:
         (``analysis.joint.JointData``), which names its own build/shape/update functions."""
         sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
         build, same, updates = (d.model_functions() if hasattr(d, "model_functions")
-                                else (BUILDERS[self.frames], same_shape, data_updates))
+                                else (BUILDERS[(self.frames, self.predictor)], same_shape,
+                                      lambda d: data_updates(d, self.predictor)))
         try:
             import nutpie
         except ImportError:

@@ -88,8 +88,9 @@ class WarmStartFitter(Fitter):
     """``Fitter`` with warm-started chains (see module docstring); ``warm`` None samples cold."""
 
     def __init__(self, priors, draws: int, tune: int, chains: int, warm: WarmStart | None = None,
-                 store_unconstrained: bool = False, cache: list | None = None, frames: str = "non_centred"):
-        super().__init__(priors, draws, tune, chains, cache, frames)
+                 store_unconstrained: bool = False, cache: list | None = None, frames: str = "non_centred",
+                 predictor: str = "cells"):
+        super().__init__(priors, draws, tune, chains, cache, frames, predictor)
         self.warm, self.store_unconstrained = warm, store_unconstrained
 
     def sample_options(self) -> dict:
