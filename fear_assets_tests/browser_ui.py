@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from fear_assets_tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = "smollm2-135m"  # the embedded family: real tokenizers, no weights needed for these assets
@@ -113,19 +114,7 @@ def start_ui(home: Path, port: int, log: Path) -> subprocess.Popen:
 
 def stop_ui(proc: subprocess.Popen) -> None:
     """Stop the process group this module started (webserver, daemon, code server)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    # The code servers and run workers of this group may outlive ``dagster dev`` itself.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
-
+    stop_group(proc)
 
 if __name__ == "__main__":
     home = Path(sys.argv[1]).resolve()

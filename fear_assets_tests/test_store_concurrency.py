@@ -28,6 +28,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from fear_assets_tests.processes import stop_group
+
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,20 +204,18 @@ class _Reader(threading.Thread):
 
 @contextmanager
 def _daemon(tmp_path: Path, env: dict, name: str):
-    """``dagster-daemon run`` on the test workspace; always terminated."""
+    """``dagster-daemon run`` on the test workspace; it and its children always stopped."""
     log_path = tmp_path / f"daemon-{name}.log"
     with open(log_path, "w") as log:
+        # Its own process group, so that the code servers it spawns stop with it (they would
+        # otherwise outlive the test, and its Postgres, as orphans).
         daemon = subprocess.Popen(_daemon_cmd() + ["-w", str(tmp_path / "workspace.yaml")], cwd=tmp_path,
-                                  env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+                                  env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     try:
         yield daemon, log_path
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(10)
+        stop_group(daemon)
 
 
 def test_concurrent_backfill_on_postgres(postgres, tmp_path, monkeypatch):
