@@ -317,8 +317,9 @@ def main() -> int:
         "64_cores_days": fits_per_frame_count * t_a / 32 / 86400,
         "h200_host_registered_path_days": fits_per_frame_count * t_a / (H200_HOST_CORES // 2) / 86400,
         "h200_candidate_days": fits_per_frame_count * H200_CANDIDATE_S_TO_ESS400 / 86400,
-        "h200": "projected, not measured: the registered path (nutpie) runs on the GPU host's CPUs, 16 cores "
-                "= 8 fits at once; the BlackJAX candidate's 1.25 s to ESS 400 per registered-size primary "
+        "h200": f"projected, not measured: the registered path (nutpie) runs on the GPU host's CPUs, "
+                f"{H200_HOST_CORES} cores = {H200_HOST_CORES // 2} fits at once; the BlackJAX candidate's "
+                f"{H200_CANDIDATE_S_TO_ESS400} s to ESS 400 per registered-size primary "
                 "dataset (measured on one H200, RESULTS.md 'One H200') applied to every fit, a path that is "
                 "not the registered one until its HDIs match a long run",
         "how": "FACTS.md registered-size nutpie fit (117 s sampling, 2 cores) x measured (a)/(c) time ratio at the "

@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.coding import cell_row, design, frame_slopes, sum_columns
-from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, PREDICTORS, DesignCells, Priors,
-                                                cells_data, cells_fixed_part, check_band, check_covariates,
-                                                covariate_columns, design_cells, frame_and_unit_effects,
-                                                hypotheses, posterior_draws, student_t_residual)
+from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, DesignCells, Priors, check_band,
+                                                check_covariates, covariate_columns, design_cells, design_data,
+                                                fixed_part, frame_and_unit_effects, hypotheses, posterior_draws,
+                                                student_t_residual)
 
 _CELL_FACTORS = ("agent", "content", "depth")
 _COLUMNS = ("agent", "content", "depth", "order", "option", "rotation", "fear", "frame", "unit")
@@ -114,10 +114,16 @@ def prepare_joint(data: pd.DataFrame, levels: Mapping[str, Sequence], factor: st
                      float(factor_sd), bool(per_block_sigma), tuple(covariates))
 
 
+def joint_design(d: JointData) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The joint model's fixed-effect design, the shared and block columns side by side
+    ([X | W], coefficients [beta, block_beta]), and its continuous covariate columns."""
+    return np.column_stack([d.X, d.W]), covariate_columns(d.names, d.covariates)
+
+
 def joint_cells(d: JointData) -> DesignCells:
-    """The cells of the joint design: the shared and block columns side by side ([X | W]), the
-    covariates continuous (``primary_model.design_cells``)."""
-    return design_cells(np.column_stack([d.X, d.W]), d.Z, d.frame, covariate_columns(d.names, d.covariates))
+    """The cells of the joint design (``primary_model.design_cells`` of :func:`joint_design`)."""
+    X, columns = joint_design(d)
+    return design_cells(X, d.Z, d.frame, columns)
 
 
 def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
@@ -129,9 +135,6 @@ def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
     import pymc as pm
     import pytensor.tensor as pt
 
-    if predictor not in PREDICTORS:
-        raise ValueError(f"predictor={predictor!r}: use one of {list(PREDICTORS)}")
-
     n_effects = d.Z.shape[1]
     coords = {"fixed": d.names, "block_fixed": d.w_names, "block": list(d.blocks),
               "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
@@ -141,15 +144,10 @@ def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
         fixed_sd = pm.Data("fixed_sd", np.asarray(priors.fixed_sd, dtype="float64"))
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
         block_beta = pm.Normal("block_beta", 0.0, d.factor_sd, dims="block_fixed")
-        if predictor == "direct":
-            fixed = intercept + pm.math.dot(data["X"], beta) + pm.math.dot(data["W"], block_beta)
-            random = frame_and_unit_effects(data["Z"], data["frame"], data["unit"], d.n_frames, n_effects,
-                                            d.n_units, priors)
-        else:
-            fixed = cells_fixed_part(data, intercept, pt.concatenate([beta, block_beta]),
-                                     covariate_columns(d.names, d.covariates))
-            random = frame_and_unit_effects(None, None, data["unit"], d.n_frames, n_effects, d.n_units, priors,
-                                            patterns=(data["Z_patterns"], data["frame_pattern"]))
+        # the design is [X | W] (joint_design), so its coefficients are [beta, block_beta]
+        fixed = fixed_part(data, intercept, pt.concatenate([beta, block_beta]),
+                           covariate_columns(d.names, d.covariates))
+        random = frame_and_unit_effects(data, d.n_frames, n_effects, d.n_units, priors)
         sigma, nu = student_t_residual(priors, dims="block" if d.per_block_sigma else None)
         mu = fixed + random
         pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma[data["block"]] if d.per_block_sigma else sigma,
@@ -166,10 +164,8 @@ def joint_same_shape(a: JointData, b: JointData) -> bool:
 
 def joint_updates(d: JointData, predictor: str = "cells") -> dict[str, np.ndarray]:
     """The joint model's data containers for ``d`` (what ``with_data`` swaps per fit)."""
-    if predictor == "direct":
-        out = {"X": d.X, "W": d.W, "Z": d.Z, "frame": d.frame.astype("int64")}
-    else:
-        out = cells_data(joint_cells(d))
+    X, columns = joint_design(d)
+    out = design_data(X, d.Z, d.frame, columns, predictor)
     out.update({"y": d.y, "unit": d.unit.astype("int64")})
     if d.per_block_sigma:  # the block index enters the graph only through the per-block scales
         out["block"] = d.block.astype("int64")

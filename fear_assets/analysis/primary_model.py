@@ -16,8 +16,9 @@ frame part once per (frame, slope pattern), then gathered per trial. The same mu
 with a gradient 5-6.5x cheaper at registered size (``benchmarks/gradient.py``); ``predictor=
 "direct"`` keeps the row-by-row form (the with_data baseline of the benchmark).
 
-The random-effects structure (:func:`frame_and_unit_effects`) and the Student-t residual
-(:func:`student_t_residual`) are the building blocks that the joint two-block models (gate
+The design's data containers (:func:`design_data`, row by row or per distinct row), the fixed
+part (:func:`fixed_part`), the random-effects structure (:func:`frame_and_unit_effects`) and the
+Student-t residual (:func:`student_t_residual`) are the building blocks that the joint two-block models (gate
 (c)'s reader factor, the positive controls' condition factor: ``analysis/joint.py``) reuse,
 so there is one copy of them.
 """
@@ -184,22 +185,43 @@ def primary_cells(d: PrimaryData) -> DesignCells:
     return design_cells(d.X, d.Z, d.frame, covariate_columns(d.names, d.covariates))
 
 
+def check_choice(name: str, value: str, allowed: Sequence[str], owner: str = "") -> None:
+    """Validate a form parameter where it is declared; the error names the allowed values."""
+    if value not in allowed:
+        where = f"{owner}({name}={value!r})" if owner else f"{name}={value!r}"
+        raise ValueError(f"{where}: use one of {list(allowed)}")
+
+
 def cells_data(c: DesignCells) -> dict[str, np.ndarray]:
-    """The model's data containers of a cells design (with ``unit`` and ``y``, all it reads)."""
+    """The design's data containers of a cells design (the model adds ``y`` and ``unit``)."""
     out = {"X_cells": c.X_cells, "cell": c.cell, "Z_patterns": c.Z_patterns, "frame_pattern": c.frame_pattern}
     if c.covariate_columns:
         out["X_covariates"] = c.X_covariates
     return out
 
 
-def cells_fixed_part(data: Mapping, intercept, coefficients, columns: Sequence[int]):
-    """intercept + X @ coefficients, once per distinct row then per trial (``data``: the
-    containers of :func:`cells_data`)."""
+def design_data(X: np.ndarray, Z: np.ndarray, frame: np.ndarray, columns: Sequence[int],
+                predictor: str) -> dict[str, np.ndarray]:
+    """The design's data containers for ``predictor`` (``PREDICTORS``): X, Z and frame row by
+    row ("direct"), or their :func:`design_cells` ("cells"). ``columns``: X's continuous
+    covariate columns. The primary and joint models both store their design through this."""
+    check_choice("predictor", predictor, PREDICTORS)
+    if predictor == "direct":
+        return {"X": X, "Z": Z, "frame": frame.astype("int64")}
+    return cells_data(design_cells(X, Z, frame, columns))
+
+
+def fixed_part(design: Mapping, intercept, coefficients, columns: Sequence[int]):
+    """intercept + X @ coefficients, inside a model context, from the containers of
+    :func:`design_data`: row by row (``X``) or once per distinct row and gathered per trial
+    (``X_cells``, ``cell``; the ``columns`` of continuous covariates per trial): the same values."""
     import pymc as pm
 
-    fixed = (intercept + pm.math.dot(data["X_cells"], coefficients))[data["cell"]]
+    if "X" in design:
+        return intercept + pm.math.dot(design["X"], coefficients)
+    fixed = (intercept + pm.math.dot(design["X_cells"], coefficients))[design["cell"]]
     if columns:
-        fixed = fixed + pm.math.dot(data["X_covariates"], coefficients[list(columns)])
+        fixed = fixed + pm.math.dot(design["X_covariates"], coefficients[list(columns)])
     return fixed
 
 
@@ -249,17 +271,18 @@ def frame_means(centring: FrameCentring, intercept, beta, n_frames: int):
     return pt.stack(columns, axis=1)
 
 
-def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_units: int, priors: Priors,
-                           means=None, patterns=None):
+def frame_and_unit_effects(design: Mapping, n_frames: int, n_effects: int, n_units: int, priors: Priors,
+                           means=None):
     """The registered random effects' contribution to mu (6.1, D3b), inside a model context:
-    per frame, ``Z.shape[1]`` correlated effects (intercept, agent, content, agent x content:
+    per frame, ``n_effects`` correlated effects (intercept, agent, content, agent x content:
     six) with an LKJ(eta) correlation prior and half-Normal(group_sd) scales (``frame_chol``,
     ``frame_effects``); plus a unit intercept with a half-Normal(group_sd) scale (``unit_sd``,
     ``z_unit``). The frame effects are non-centred through the Cholesky factor (``z_frame``)
     or, given ``means`` (:func:`frame_means`), sampled centred on them (``frame_centred``):
-    frame_effects = frame_centred - means, the same joint prior either way. ``patterns``: the data
-    containers (Z_patterns, frame_pattern) of :class:`DesignCells`, in place of ``Z`` and
-    ``frame``: each frame's sum over its distinct slope rows, gathered per trial (the same sum)."""
+    frame_effects = frame_centred - means, the same joint prior either way. ``design``: the
+    containers of :func:`design_data` and ``unit``; each trial's frame part is
+    ``Z[i] @ frame_effects[frame[i]]`` row by row (``Z``, ``frame``), or each frame's product with
+    its distinct slope rows gathered per trial (``Z_patterns``, ``frame_pattern``): the same sum."""
     import pymc as pm
 
     chol, _, _ = pm.LKJCholeskyCov("frame_chol", n=n_effects, eta=priors.lkj_eta,
@@ -272,12 +295,11 @@ def frame_and_unit_effects(Z, frame, unit, n_frames: int, n_effects: int, n_unit
         frame_effects = pm.Deterministic("frame_effects", centred - means)
     unit_sd = pm.HalfNormal("unit_sd", priors.group_sd)
     z_unit = pm.Normal("z_unit", 0.0, 1.0, shape=n_units)
-    if patterns is None:
-        frame_part = (Z * frame_effects[frame]).sum(axis=1)
+    if "Z" in design:
+        frame_part = (design["Z"] * frame_effects[design["frame"]]).sum(axis=1)
     else:
-        Z_patterns, frame_pattern = patterns
-        frame_part = pm.math.dot(frame_effects, Z_patterns.T).reshape((-1,))[frame_pattern]
-    return frame_part + unit_sd * z_unit[unit]
+        frame_part = pm.math.dot(frame_effects, design["Z_patterns"].T).reshape((-1,))[design["frame_pattern"]]
+    return frame_part + unit_sd * z_unit[design["unit"]]
 
 
 def student_t_residual(priors: Priors, dims: str | None = None):
@@ -300,10 +322,7 @@ def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred", pre
     MvNormal(0, chol) for any means), it may only mix less well."""
     import pymc as pm
 
-    if frames not in FRAME_PARAMETRISATIONS:
-        raise ValueError(f"frames={frames!r}: use one of {list(FRAME_PARAMETRISATIONS)}")
-    if predictor not in PREDICTORS:
-        raise ValueError(f"predictor={predictor!r}: use one of {list(PREDICTORS)}")
+    check_choice("frames", frames, FRAME_PARAMETRISATIONS)
     n_effects = d.Z.shape[1]
     coords = {"fixed": d.names, "frame_effect": FRAME_EFFECTS.get(n_effects, [f"e{i}" for i in range(n_effects)])}
     with pm.Model(coords=coords) as model:
@@ -314,14 +333,8 @@ def build_model(d: PrimaryData, priors: Priors, frames: str = "non_centred", pre
         beta = pm.Normal("beta", 0.0, fixed_sd, dims="fixed")
         means = (frame_means(frame_centring(d.X, d.Z, d.frame, d.n_frames), intercept, beta, d.n_frames)
                  if frames == "centred" else None)
-        if predictor == "direct":
-            fixed = intercept + pm.math.dot(data["X"], beta)
-            random = frame_and_unit_effects(data["Z"], data["frame"], data["unit"], d.n_frames, n_effects,
-                                            d.n_units, priors, means)
-        else:
-            fixed = cells_fixed_part(data, intercept, beta, covariate_columns(d.names, d.covariates))
-            random = frame_and_unit_effects(None, None, data["unit"], d.n_frames, n_effects, d.n_units, priors,
-                                            means, patterns=(data["Z_patterns"], data["frame_pattern"]))
+        fixed = fixed_part(data, intercept, beta, covariate_columns(d.names, d.covariates))
+        random = frame_and_unit_effects(data, d.n_frames, n_effects, d.n_units, priors, means)
         if d.document is not None:
             # H4 (6.1): an extra document intercept over the two content versions.
             doc_sd = pm.HalfNormal("document_sd", priors.group_sd)
@@ -357,10 +370,7 @@ def same_shape(a: PrimaryData, b: PrimaryData) -> bool:
 
 def data_updates(d: PrimaryData, predictor: str = "cells") -> dict[str, np.ndarray]:
     """The model's data containers for ``d`` (what ``with_data`` swaps per fit)."""
-    if predictor == "direct":
-        out = {"X": d.X, "Z": d.Z, "frame": d.frame.astype("int64")}
-    else:
-        out = cells_data(primary_cells(d))
+    out = design_data(d.X, d.Z, d.frame, covariate_columns(d.names, d.covariates), predictor)
     out.update({"y": d.y, "unit": d.unit.astype("int64")})
     if d.document is not None:
         out["document"] = d.document.astype("int64")
@@ -384,10 +394,8 @@ class Fitter:
 
     def __init__(self, priors: Priors, draws: int, tune: int, chains: int, cache: list | None = None,
                  frames: str = "non_centred", predictor: str = "cells"):
-        if frames not in FRAME_PARAMETRISATIONS:
-            raise ValueError(f"Fitter(frames={frames!r}): use one of {list(FRAME_PARAMETRISATIONS)}")
-        if predictor not in PREDICTORS:
-            raise ValueError(f"Fitter(predictor={predictor!r}): use one of {list(PREDICTORS)}")
+        check_choice("frames", frames, FRAME_PARAMETRISATIONS, "Fitter")
+        check_choice("predictor", predictor, PREDICTORS, "Fitter")
         self.priors, self.draws, self.tune, self.chains, self.frames = priors, draws, tune, chains, frames
         self.predictor = predictor
         self._compiled = COMPILED if cache is None else cache
