@@ -1,9 +1,9 @@
 """The Stage 1 registration record of one configuration (Appendix C step 4, D6).
 
 A JSON document (and its Markdown rendering) under ``data/registration/<family>/`` holding
-the frozen hashes (bank, protocol settings, model manifest, analysis code), the selected
-names and frames, the depth band and H5 depth, the pilot's residual SD for gate (c), and
-every gate's outcome with its numbers. Once a record exists, every later run is compared
+the frozen hashes (bank, protocol settings, model manifest, analysis code, supplementary
+note), the selected names and frames, the depth band and H5 depth, the pilot's residual SDs
+for gate (c), and every gate's outcome with its numbers. Once a record exists, every later run is compared
 with its frozen part (:func:`frozen_differences`); any difference fails the freeze check.
 
 In pilot mode the record is a draft that each pilot run rewrites; in confirmatory mode it
@@ -16,26 +16,55 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from fear_assets.errors import FreezeError
-from fear_assets.hashing import sha256_obj
+from fear_assets.hashing import sha256_file, sha256_obj
 from fear_assets.registration.gates import registered_power_result
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-#: Code whose hash is registered: the science of the analysis, the reading and the power
-#: simulation (6.3: "a Monte Carlo simulation, whose code is registered"), and the pilot's
-#: rules, the registration gates' verdicts and the probe rules (6.1, 6.3), which decide what is registered.
-ANALYSIS_CODE = ("analysis", "reading", "simulation", "pilot", "registration", "probes")
-#: Fields that are frozen at registration and compared on every later run.
+#: What the registered code hash leaves out (Appendix C step 4 registers "the analysis code":
+#: every function that decides a document, a score, a gate, a label or a reading). Everything
+#: else in the package tree is hashed, so a new science package or module is covered without
+#: being named; a test fails when an entry here is stale or names a science package. Each
+#: entry only wires or runs steps and cannot change a number: the reason is stated beside it.
+CODE_NOT_HASHED = {
+    "assets": "Dagster asset and check definitions: inputs, partitions, metadata; every rule they apply is "
+              "a call into a hashed package",
+    "resources": "Dagster resources: where the settings, bank and models are read from, the table store's "
+                 "I/O (row sets are checked by the closed accounting and the freeze checks, not by this hash)",
+    "definitions.py": "the Dagster Definitions object (jobs by group selection)",
+    "deploy.py": "Kubernetes tags for GPU steps (inert on one machine)",
+    "main.py": "runs the stage jobs in order and prints their metadata",
+    "errors.py": "exception classes and message formatting; where an error is raised is decided elsewhere",
+}
+#: Fields that are frozen at registration and compared on every later run. The pilot sigmas
+#: are frozen because 6.2 inserts "only the value of sigma ... at registration"; the
+#: supplementary note's hash because the Declarations put it in the registered record.
 FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
-                 "selected_frames", "depth_band", "h5_depth")
+                 "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "pilot_sigma_judge",
+                 "supplementary_note_sha256")
 
 
-def analysis_code_sha256(root: Path = PACKAGE_ROOT, packages: Iterable[str] = ANALYSIS_CODE) -> str:
-    """sha256 over the source of the registered packages (``ANALYSIS_CODE``), path by path (sorted)."""
-    files = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
-    return sha256_obj({str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in files})
+def _not_hashed(relative: Path) -> bool:
+    """Wiring (``CODE_NOT_HASHED``), byte-code caches and hidden files (editor swap files)."""
+    parts = relative.parts
+    return (parts[0] in CODE_NOT_HASHED or "__pycache__" in parts or relative.suffix in (".pyc", ".pyo")
+            or any(part.startswith(".") for part in parts))
+
+
+def registered_code_files(root: Path | None = None) -> list[Path]:
+    """Every file of the package tree under the registered code hash, sorted: all of it but
+    ``CODE_NOT_HASHED`` (data files inside a package, such as a template, are hashed too)."""
+    root = PACKAGE_ROOT if root is None else Path(root)
+    return sorted(p for p in root.rglob("*") if p.is_file() and not _not_hashed(p.relative_to(root)))
+
+
+def analysis_code_sha256(root: Path | None = None) -> str:
+    """sha256 over the registered code (``registered_code_files``), path by path. ``root`` is
+    read when called (default: this package), so a check can be pointed at an edited copy."""
+    root = PACKAGE_ROOT if root is None else Path(root)
+    return sha256_obj({p.relative_to(root).as_posix(): sha256_file(p) for p in registered_code_files(root)})
 
 
 def record_dir(registration_dir: str | Path, family: str) -> Path:
@@ -101,11 +130,16 @@ def markdown(record: Mapping[str, Any]) -> str:
     lines += ["", "## Frozen inputs", "", "| input | sha256 |", "|---|---|"]
     for key in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256"):
         lines.append(f"| {key.removesuffix('_sha256')} | `{record[key]}` |")
+    if "supplementary_note_sha256" in record:
+        note = record["supplementary_note_sha256"]
+        lines.append(f"| supplementary note ({record.get('supplementary_note', '')}) | "
+                     + (f"`{note}` |" if note else "**not provided** (required to register) |"))
     lines += ["", "## Selections", "",
               f"- Names (self, peer, person, addressee, other person): {', '.join(record['selected_names'])}",
               f"- Depth band (H1-H4): {', '.join('d' + str(d) for d in record['depth_band'])} ({record['band_rule']})",
               f"- H5 depth: d{record['h5_depth']} ({record['h5_rule']})",
-              f"- Pilot residual SD (gate (c) scale): {record['pilot_sigma']}",
+              f"- Pilot residual SD (gate (c) scale): {record['pilot_sigma']}"
+              + (f"; judge {record['pilot_sigma_judge']}" if record.get("pilot_sigma_judge") is not None else ""),
               f"- Confirmatory frames ({len(record['selected_frames'])}): {', '.join(record['selected_frames'])}"]
     if record.get("replacements"):
         lines.append(f"- Replacements: {', '.join(f'{k} -> {v}' for k, v in record['replacements'].items())}")

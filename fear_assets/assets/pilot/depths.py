@@ -6,13 +6,13 @@ import pandas as pd
 from fear_assets.analysis.controls import pilot_control_rows
 from fear_assets.analysis.data import kept, model_table
 from fear_assets.analysis.fits import fit_cells
-from fear_assets.analysis.primary_model import implied_residual_sd
 from fear_assets.analysis.unmasking import unmask_pilot
 from fear_assets.assets.steps import fitter as registered_fitter
 from fear_assets.hashing import derived_seed
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.pilot.depth_rules import band_keys, depth_band, h5_depth, neutral_mention_rates, stored_band
+from fear_assets.pilot.gate_c_scale import SIGMA_BLOCKS, reader_sigma, sigma_depths
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_index, depth_key
 
@@ -86,21 +86,19 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
 
     fitter = registered_fitter(settings)
     seed = lambda name: derived_seed(settings.master_seed, "pilot_controls", family_key, name) % (2**31)
-    all_depths = sorted(set(every.loc[every["block"] == "pilot_primary", "depth"]), key=depth_index)
-    # Gate (c)'s sigma: the primary model on the pilot over all pilot depths (6.2).
-    primary_all = fit_cells(fitter, table("pilot_primary", all_depths), settings.fears, band, seed("primary"),
-                            "pilot_primary")
+    # Gate (c)'s sigma per reader (6.2): its depths and statistic are decided in pilot/gate_c_scale.py.
+    all_depths = sigma_depths(every.loc[every["block"] == SIGMA_BLOCKS["tested"], "depth"])
+    sigma = reader_sigma(lambda t: fit_cells(fitter, t, settings.fears, band, seed("primary"),
+                                             SIGMA_BLOCKS["tested"]).idata,
+                         table(SIGMA_BLOCKS["tested"], all_depths), "tested")
     rule = settings.positive_controls
     rows = pilot_control_rows(fitter, table, table("pilot_primary"), settings.fears, band, seed,
                               settings.decision.hdi_prob, rule.pass_min_mean, rule.hdi_above, context.log.info)
     # Gate (c) standardises each reader by its own pilot residual SD: the judge's, where scored.
-    judge_sigma = float("nan")
-    if len(judge_sentence_surprisal):
-        judge = table("pilot_judge", all_depths, judge_sentence_surprisal)
-        if len(judge):
-            judge_sigma = implied_residual_sd(fit_cells(fitter, judge, settings.fears, band, seed("judge"),
-                                                        "pilot_judge").idata)
-    sigma = implied_residual_sd(primary_all.idata)
+    judge = (table(SIGMA_BLOCKS["judge"], all_depths, judge_sentence_surprisal) if len(judge_sentence_surprisal)
+             else pd.DataFrame())
+    judge_sigma = reader_sigma(lambda t: fit_cells(fitter, t, settings.fears, band, seed("judge"),
+                                                   SIGMA_BLOCKS["judge"]).idata, judge, "judge")
     result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=sigma,
                                        pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths))
     return dg.Output(result, metadata={

@@ -18,6 +18,7 @@ from fear_assets.lm.surprisal import SURPRISAL_COLUMNS
 from fear_assets.lm.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, family_partitions
+from fear_assets.registration.compose import note_now
 from fear_assets.registration.record import analysis_code_sha256, frozen_differences, read_family_record
 from fear_assets.resources.models import LanguageModelResource
 from fear_assets.resources.protocol import ProtocolResource
@@ -56,7 +57,8 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
 
 @dg.asset_check(asset=model_manifest, blocking=GATES_BLOCK, description=(
     "D6: once a registration record exists for the family (data/registration/<family>/), every "
-    "later run must match its frozen part: settings, bank, model manifest and analysis code. "
+    "later run must match its frozen part: settings, bank, model manifest, analysis code (every package "
+    "but the Dagster wiring) and the supplementary note. "
     "Blocking in confirmatory mode."))
 def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
     family = str(model_manifest["family"].iloc[0])
@@ -66,7 +68,8 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
                                    metadata={"record": "none"})
     settings, bank = protocol.settings(), protocol.bank()
     current = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
-               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
+               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
+               **note_now(record)}
     diffs = frozen_differences(record, current)
     return dg.AssetCheckResult(
         passed=not diffs,

@@ -9,23 +9,32 @@ from fear_assets.lm.models import manifest_digest
 from fear_assets.lm.name_gate import selected_names
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, family_partitions
-from fear_assets.pilot.depth_rules import band_keys, stored_band
-from fear_assets.registration.gates import deviations, registered_power_result, registration_status
+from fear_assets.pilot.depth_rules import band_keys
+from fear_assets.registration.compose import compose_record, note_path, supplementary_note
 from fear_assets.registration.pilot_gates import final_selection, gates_table, registration_gates as gate_verdicts
 from fear_assets.registration.record import analysis_code_sha256, read_power_section, write_family_record
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_key
 
 
+class RecordConfig(dg.Config):
+    """Inputs the user provides at registration that are not registered settings."""
+
+    #: The supplementary note's file (Declarations); "" = data/registration/supplementary_note.pdf.
+    supplementary_note: str = ""
+
+
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "json"},
           deps=[dg.AssetKey("power_summary")])  # 6.3: the power gate comes before registration
-def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolResource, name_gate: pd.DataFrame,
+def registration_record(context: dg.AssetExecutionContext, config: RecordConfig, protocol: ProtocolResource,
+                        name_gate: pd.DataFrame,
                         model_manifest: pd.DataFrame, matched_frames: pd.DataFrame, zero_preference: pd.DataFrame,
                         binding_results: pd.DataFrame, report_scoring: pd.DataFrame, pilot_depths: pd.DataFrame,
                         pilot_controls: pd.DataFrame, pilot_probe_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The Stage 1 registration record (Appendix C step 4): "frozen hashes (bank, settings,
-    model manifest, analysis code), selected names and frames, depth band and H5 depth, the
-    pilot sigma for gate (c), every gate's outcome with its numbers", what is carried to the
+    model manifest, analysis code, supplementary note), selected names and frames, depth band
+    and H5 depth, the pilot sigmas for gate (c) (frozen: 6.2), every gate's outcome with its
+    numbers", what is carried to the
     reading (in-context binding, the power result) and the stated deviations. Written as JSON
     and Markdown under data/registration/<family>/ (a draft in pilot mode; in confirmatory
     mode registered only when every gate passes, the power gate included, else refused);
@@ -33,7 +42,6 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     the confirmatory design and everything after it stale."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    family = settings.family(family_key)
     frames, replacements, shortfall = final_selection(
         matched_frames, binding_results, zero_preference, {i: bank.item(i).number for i in matched_frames["item_id"]},
         settings.confirmatory_frames_per_fear(family_key), {r.rewrite_of: r.id for r in bank.rewrites})
@@ -42,27 +50,14 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
     gates, binding_in_context = gate_verdicts(
         name_gate, matched_frames, settings.matching.tost_alpha, zero_preference, binding_results, report_scoring,
         pilot_probe_controls, pilot_controls, frames, shortfall, power, family_key)
-    failed_gates = [n for n, g in gates.items() if not g["passed"]]
-    p0, band = pilot_depths.iloc[0], stored_band(pilot_depths)
-    zero = settings.zero_preference
-    record = {
-        "protocol": settings.raw["protocol"]["name"], "protocol_version": settings.raw["protocol"]["version"],
-        "family": family_key, "mode": settings.mode, "status": registration_status(settings.mode, failed_gates),
-        "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
-        "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
-        "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
-        "selected_names": selected_names(name_gate), "selected_frames": frames,
-        "replacements": replacements, "depth_band": band,
-        "band_rule": str(p0["band_rule"]), "h5_depth": int(p0["h5_depth"]), "h5_rule": str(p0["h5_rule"]),
-        "pilot_sigma": round(float(pilot_controls["pilot_sigma"].iloc[0]), 6),
-        "pilot_sigma_judge": (None if pd.isna(pilot_controls["pilot_sigma_judge"].iloc[0])
-                              else round(float(pilot_controls["pilot_sigma_judge"].iloc[0]), 6)),
-        "gates": gates, "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,
-        "not_run": [] if registered_power_result(power) else
-                   ["power simulation (6.3, Appendix C step 3): no registered power result (none stored, "
-                    "a reduced demo, or incomplete)"],
-        "deviations": deviations(zero.low, zero.high),
-    }
+    # 6.2, Declarations, Appendix C step 4: composed (and refused without the note) in the hashed package.
+    note = supplementary_note(note_path(protocol.registration_dir, config.supplementary_note),
+                              settings.mode == "confirmatory")
+    hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
+              "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
+    record = compose_record(settings, family_key, hashes, selected_names(name_gate), frames, replacements,
+                            pilot_depths, pilot_controls, gates, binding_in_context, power, note)
+    band = record["depth_band"]
     path = write_family_record(protocol.registration_dir, record, settings.mode == "confirmatory")
     table = gates_table(gates, family_key).assign(record_json=json.dumps(record, sort_keys=True), record_path=str(path))
     context.log.info(f"registration record ({record['status']}) written to {path}; failed gates: "

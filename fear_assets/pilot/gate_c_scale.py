@@ -1,0 +1,39 @@
+"""Gate (c)'s scale from the pilot (6.2): each reader's trial-level residual SD.
+
+6.2: "sigma is the trial-level residual standard deviation of the primary model in the pilot;
+only the value of sigma is inserted at registration", and "each reader's contrast is
+standardised by that reader's own trial-level residual standard deviation in the pilot".
+Which pilot rows enter it, and which statistic of the fit is sigma, are decided here (under
+the registered code hash); ``pilot_controls`` runs the fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from fear_assets.analysis.primary_model import implied_residual_sd
+from fear_assets.settings import depth_index
+
+#: The pilot block each reader's sigma is fitted on (the primary cells, read by that reader).
+SIGMA_BLOCKS = {"tested": "pilot_primary", "judge": "pilot_judge"}
+
+
+def sigma_depths(pilot_primary_depths: Iterable[str]) -> list[str]:
+    """The depths sigma is taken over: every depth the pilot scored the primary cells at, not
+    only the band. Reading taken: 6.2 names "the primary model in the pilot", and the pilot
+    model spans every depth (the band only selects which depths H1-H3 average over); the
+    band is itself fixed from these pilot data, so sigma does not wait on it."""
+    return sorted(set(pilot_primary_depths), key=depth_index)
+
+
+def reader_sigma(fit: Callable[[pd.DataFrame], Any], table: pd.DataFrame, reader: str) -> float:
+    """One reader's pilot sigma: the residual SD implied by the primary model's Student-t fit
+    (``implied_residual_sd``) on ``table``. The tested model's is required; a judge whose
+    block is not scored has none (NaN, and gate (c) then says it is not available)."""
+    if table.empty:
+        if reader == "tested":
+            raise ValueError(f"gate (c)'s sigma: no {SIGMA_BLOCKS['tested']} rows in the pilot; score the pilot first")
+        return float("nan")
+    return implied_residual_sd(fit(table))
