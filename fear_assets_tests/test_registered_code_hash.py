@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -98,7 +99,8 @@ EDITS = {
     # 4.3: option 1 if k + depth index + cell index is even.
     "option rule": ("design/trials.py", "total % 2 == 0", "total % 2 == 1"),
     # 4.4: the agent sentence's content slot filled from the frame's template.
-    "document template": ("design/documents.py", "verb=verb, content=item.content_options[option - 1])\n\n\ndef canonical",
+    "document template": ("design/documents.py",
+                          "verb=verb, content=item.content_options[option - 1])\n\n\ndef canonical",
                           "verb=verb, content=item.content_options[option - 2])\n\n\ndef canonical"),
 }
 
@@ -155,6 +157,11 @@ def test_the_decisions_moved_out_of_the_asset_bodies_are_under_the_hash():
         assert Path(inspect.getsourcefile(fn)).resolve() in hashed, fn.__name__
     # 6.2's sigma is "the primary model in the pilot": every pilot depth, in depth order.
     assert gate_c_scale.sigma_depths(["d3", "d1", "d10", "d2", "d1"]) == ["d1", "d2", "d3", "d10"]
+    # A judge block that is not scored has no sigma; the tested model's is required.
+    never = lambda table: pytest.fail("no fit without rows")  # noqa: E731
+    assert math.isnan(gate_c_scale.reader_sigma(never, pd.DataFrame(), "judge"))
+    with pytest.raises(ValueError, match="no pilot_primary rows"):
+        gate_c_scale.reader_sigma(never, pd.DataFrame(), "tested")
 
 
 # -- the pilot sigmas are frozen fields (6.2) -------------------------------------------------

@@ -82,7 +82,8 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
                              else record[k]}
                             for k in ("protocol", "protocol_version", "status", "mode", "settings_sha256",
                                       "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
-                                      "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "reduced_design",
+                                      "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "pilot_sigma_judge",
+                                      "supplementary_note_sha256", "reduced_design",
                                       "stand_in") if k in record])
         sections.append(Section("Registration record",
                                 f"Record file: {tables['registration_record']['record_path'].iloc[0]}", reg,
