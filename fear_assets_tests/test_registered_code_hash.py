@@ -237,3 +237,26 @@ def test_an_edited_supplementary_note_after_registration_is_refused(settings, ba
     with pytest.raises(FreezeError, match="supplementary_note_sha256"):
         write_family_record(registration, _registered(settings, bank, analysis_code_sha256(),
                                                       **supplementary_note(note, confirmatory=True)), confirmatory=True)
+
+
+def test_the_record_asset_refuses_a_confirmatory_registration_without_the_note(tmp_path):
+    """The asset itself, in confirmatory mode, with no note at the default path: refused before
+    any record is written, naming the file and the run-config key."""
+    from fear_assets.assets.registration.record import RecordConfig, registration_record
+    from fear_assets.settings import DEFAULT_SETTINGS_PATH
+
+    text = DEFAULT_SETTINGS_PATH.read_text(encoding="utf-8")
+    assert text.count("  mode: pilot\n") == 1
+    confirmatory = tmp_path / "protocol_settings.yaml"
+    confirmatory.write_text(text.replace("  mode: pilot\n", "  mode: confirmatory\n"), encoding="utf-8")
+    registration = tmp_path / "registration"
+    protocol = ProtocolResource(settings_path=str(confirmatory), registration_dir=str(registration))
+    assert protocol.settings().mode == "confirmatory"
+    empty = pd.DataFrame()
+    with pytest.raises(FreezeError, match=r"supplementary note is missing.*registration/supplementary_note\.pdf"
+                                          r".*ops: registration_record: config: supplementary_note"):
+        registration_record(context=dg.build_asset_context(partition_key="smollm2-135m"), config=RecordConfig(),
+                            protocol=protocol, name_gate=empty, model_manifest=empty, matched_frames=empty,
+                            zero_preference=empty, binding_results=empty, report_scoring=empty,
+                            pilot_depths=empty, pilot_controls=empty, pilot_probe_controls=empty)
+    assert not registration.exists()

@@ -42,6 +42,9 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     the confirmatory design and everything after it stale."""
     settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
+    # Declarations, Appendix C step 4: a confirmatory run without the note is refused first.
+    note = supplementary_note(note_path(protocol.registration_dir, config.supplementary_note),
+                              settings.mode == "confirmatory")
     frames, replacements, shortfall = final_selection(
         matched_frames, binding_results, zero_preference, {i: bank.item(i).number for i in matched_frames["item_id"]},
         settings.confirmatory_frames_per_fear(family_key), {r.rewrite_of: r.id for r in bank.rewrites})
@@ -50,9 +53,7 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     gates, binding_in_context = gate_verdicts(
         name_gate, matched_frames, settings.matching.tost_alpha, zero_preference, binding_results, report_scoring,
         pilot_probe_controls, pilot_controls, frames, shortfall, power, family_key)
-    # 6.2, Declarations, Appendix C step 4: composed (and refused without the note) in the hashed package.
-    note = supplementary_note(note_path(protocol.registration_dir, config.supplementary_note),
-                              settings.mode == "confirmatory")
+    # The record's fields are composed in the hashed package (registration/compose.py).
     hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
     record = compose_record(settings, family_key, hashes, selected_names(name_gate), frames, replacements,
