@@ -148,12 +148,13 @@ def test_editing_one_character_of_the_banks_document_template_is_refused(setting
 def test_the_decisions_moved_out_of_the_asset_bodies_are_under_the_hash():
     import inspect
 
-    from fear_assets.pilot import gate_c_scale
+    from fear_assets.design import scored
+    from fear_assets.pilot import depth_rules, gate_c_scale
     from fear_assets.registration import compose
 
     hashed = set(record_module.registered_code_files())
     for fn in (gate_c_scale.sigma_depths, gate_c_scale.reader_sigma, compose.compose_record, compose.pilot_sigmas,
-               compose.supplementary_note):
+               compose.supplementary_note, scored.scored_rows, scored.control_rows, depth_rules.pooled_by_depth):
         assert Path(inspect.getsourcefile(fn)).resolve() in hashed, fn.__name__
     # 6.2's sigma is "the primary model in the pilot": every pilot depth, in depth order.
     assert gate_c_scale.sigma_depths(["d3", "d1", "d10", "d2", "d1"]) == ["d1", "d2", "d3", "d10"]

@@ -12,9 +12,23 @@ import pandas as pd
 
 from fear_assets.errors import FearAssetsError
 from fear_assets.pilot.report_scoring import CATEGORIES
-from fear_assets.settings import depth_key
+from fear_assets.analysis.data import kept
+from fear_assets.settings import depth_index, depth_key
 
 RATE_COLUMNS = ["depth_index", "answers", "refusals", "mentions", "neutral_mention_rate"]
+
+
+def pooled_by_depth(pilot_scores: pd.DataFrame, report_scoring: pd.DataFrame) -> pd.DataFrame:
+    """What both rules read, per depth index: the pilot's primary trials that no registered
+    reason excludes (4.8: excluded trials enter no rule), their number, the pooled
+    forced-choice accuracy over all six cells (the H5 depth rule) and the neutral-partner
+    mention rate (the band rule, :func:`neutral_mention_rates`)."""
+    pilot = kept(pilot_scores[pilot_scores["block"] == "pilot_primary"]).copy()
+    if pilot.empty:
+        raise FearAssetsError("no pilot_primary scores for this family: materialise pilot_scores for its depths first")
+    pilot["depth_index"] = pilot["depth"].map(depth_index)
+    accuracy = pilot.groupby("depth_index").agg(trials=("trial_id", "size"), fc_accuracy=("fc_correct", "mean"))
+    return accuracy.reset_index().merge(neutral_mention_rates(report_scoring), on="depth_index", how="left")
 
 
 def neutral_mention_rates(scored: pd.DataFrame) -> pd.DataFrame:

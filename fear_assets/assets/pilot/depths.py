@@ -4,17 +4,17 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.analysis.controls import pilot_control_rows
-from fear_assets.analysis.data import kept, model_table
+from fear_assets.analysis.data import model_table
 from fear_assets.analysis.fits import fit_cells
 from fear_assets.analysis.unmasking import unmask_pilot
 from fear_assets.assets.steps import fitter as registered_fitter
 from fear_assets.hashing import derived_seed
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
-from fear_assets.pilot.depth_rules import band_keys, depth_band, h5_depth, neutral_mention_rates, stored_band
+from fear_assets.pilot.depth_rules import band_keys, depth_band, h5_depth, pooled_by_depth, stored_band
 from fear_assets.pilot.gate_c_scale import SIGMA_BLOCKS, reader_sigma, sigma_depths
 from fear_assets.resources.protocol import ProtocolResource
-from fear_assets.settings import depth_index, depth_key
+from fear_assets.settings import depth_key
 
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
@@ -30,13 +30,7 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     forced-choice accuracy in 0.60-0.90 (else the one closest to 0.75). A mention is the
     resolved outcome of 4.5 (``report_scoring``); refusals do not enter the rate."""
     settings = protocol.settings()
-    # 4.8: excluded trials (document over the window, truncated answer) enter no rule.
-    pilot = kept(pilot_scores[pilot_scores["block"] == "pilot_primary"]).copy()
-    if pilot.empty:
-        raise ValueError("no pilot_primary scores for this family: materialise pilot_scores for its depths first")
-    pilot["depth_index"] = pilot["depth"].map(depth_index)
-    accuracy = pilot.groupby("depth_index").agg(trials=("trial_id", "size"), fc_accuracy=("fc_correct", "mean"))
-    by_depth = accuracy.reset_index().merge(neutral_mention_rates(report_scoring), on="depth_index", how="left")
+    by_depth = pooled_by_depth(pilot_scores, report_scoring)  # kept pilot trials only (4.8)
     rule, h5 = settings.depth_band_rule, settings.h5_depth_rule
     band, band_rule = depth_band(dict(zip(by_depth.depth_index, by_depth.neutral_mention_rate)),
                                  rule.neutral_mention_low, rule.neutral_mention_high, rule.min_depths,

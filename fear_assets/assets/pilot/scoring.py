@@ -6,23 +6,12 @@ import pandas as pd
 
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.assets.steps import not_applicable_output, score_table
-from fear_assets.design.table import baseline_block_for
+from fear_assets.design.scored import control_rows, scored_rows  # scored_rows: collection imports it here
 from fear_assets.deploy import GPU_OP_TAGS
 from fear_assets.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.pilot.depth_rules import band_keys, stored_band
 from fear_assets.resources.models import LanguageModelResource
 from fear_assets.resources.protocol import ProtocolResource
-
-
-def scored_rows(settings, family_key: str, trial_table: pd.DataFrame) -> pd.DataFrame:
-    """The rows a family's design scores now: every block but the pilot's positive controls
-    (scored at the band depths, ``pilot_control_scores``), and for a reduced design only its
-    scored blocks."""
-    family = settings.family(family_key)
-    table = trial_table[~trial_table["block"].isin(set(settings.positive_controls.pilot_blocks))]
-    if family.reduced_design is not None:
-        table = table[table["block"].isin(family.reduced_design.scored_blocks)]
-    return table
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
@@ -70,11 +59,7 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     if pilot_trial_table.empty:
         context.log.info(f"{depth}|{family_key}: no pilot trials stored for this partition: not scored")
         return
-    blocks = set(settings.positive_controls.pilot_blocks)
-    # A control without its own baseline block (marked priority) is corrected by the default
-    # baseline, which is re-scored here with it: its reports are the control's continuations.
-    blocks |= {b for b in (baseline_block_for(settings, name) for name in blocks) if b}
-    table = pilot_trial_table[pilot_trial_table["block"].isin(blocks)]
+    table = control_rows(settings, pilot_trial_table)  # with a baseline re-scored for them (design/scored.py)
     if table.empty:
         context.log.info(f"{depth}|{family_key}: no pilot control blocks in the trial table")
         return
