@@ -23,8 +23,8 @@ from fear_assets.resources.protocol import ProtocolResource
 
 #: What the brief and the protocol name as deciding a document, a score, a gate, a label or a
 #: reading: each must be hashed, whatever the module's list of wiring says.
-SCIENCE = ("lm", "design", "stimuli", "settings.py", "settings_sections.py", "modes.py", "hashing.py", "report",
-           "analysis", "reading", "simulation", "pilot", "registration", "probes")
+SCIENCE = ("lm", "design", "stimuli", "settings.py", "settings_sections.py", "modes.py", "partitions.py", "hashing.py",
+           "report", "analysis", "reading", "simulation", "pilot", "registration", "probes")
 MANIFEST = pd.DataFrame([{"family": "fam", "role": "tested", "checkpoint": "x", "file": "f", "sha256": "0" * 64,
                           "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])
 
