@@ -141,3 +141,26 @@ def test_a_frame_never_asked_the_zero_preference_questions_does_not_pass(setting
     zero = _zero({})
     gate = zero_preference_gate(zero[zero["item_id"] != "TER-05"], CONFIRMATORY)
     assert not gate["passed"] and "TER-05" in gate["message"]
+
+
+def test_the_matching_stage_check_warns_on_its_own_tost_and_stops_only_on_missing_frames(settings):
+    """The bank-level tests bind on the final bank (the registration record's gate). On the
+    matching stage's own selection they can only warn: binding may still replace frames, and
+    a stop here would refuse a bank whose final selection passes. A fear short of frames
+    stops (nothing later can supply them)."""
+    from fear_assets.assets.pilot.matching import matching_gate
+
+    # Every frame's self threat 0.09 higher: each frame passes alone, the bank's mean does not.
+    tost_only = _matched(_surprisal(reserve_level=3.0, reserve_self_threat=0.09, event_nll=3.0).assign(
+        rest_nll=lambda t: t["rest_nll"] + np.where((t["agent"] == "self") & (t["content"] == "threat")
+                                                    & (t["frame_set"] == "confirmatory"), 0.09, 0.0)))
+    result = matching_gate(protocol=ProtocolResource(), matched_frames=tost_only)
+    assert not result.passed and "not shown within the bound" in result.description
+    assert result.severity == dg.AssetCheckSeverity.WARN
+    # Frames beyond the tolerance everywhere: the fear is short of frames, which stops.
+    short = _matched(_surprisal(reserve_level=3.0, reserve_self_threat=0.2, event_nll=3.0).assign(
+        rest_nll=lambda t: t["rest_nll"] + np.where((t["agent"] == "self") & (t["content"] == "threat")
+                                                    & (t["item_id"].isin(CONFIRMATORY[:2])), 0.2, 0.0)))
+    result = matching_gate(protocol=ProtocolResource(), matched_frames=short)
+    assert not result.passed and "write 2 new frame(s) for termination" in result.description
+    assert result.severity == dg.AssetCheckSeverity.ERROR
