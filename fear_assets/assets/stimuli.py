@@ -8,7 +8,7 @@ import pandas as pd
 
 from fear_assets.errors import FreezeError
 from fear_assets.lm.name_candidates import load_candidates, proposal_message, propose_names, single_token_counts
-from fear_assets.lm.name_gate import configuration_tokenizers, run_name_gate, selected_names
+from fear_assets.lm.name_gate import run_name_gate, selected_names, study_families, study_tokenizers
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.registration.freeze import compare_with_record, read_record
@@ -99,12 +99,13 @@ def bank_freeze(protocol: ProtocolResource) -> dg.AssetCheckResult:
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "python"})
 def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
-    """The name gate (protocol 4.2): for every tokenizer of the configuration (tested, judge,
-    scorer), is each registered name ONE token in every form in which it occurs in the
+    """The name gate (protocol 4.2): for every tokenizer of the study (the tested, base, judge
+    and scorer checkpoints of every registered family; the demonstration family is a study of
+    its own), is each registered name ONE token in every form in which it occurs in the
     documents (mid-sentence, at a line start, at a message start)? The first five names
-    passing everywhere are selected; with fewer, the first five in registered order stand in
-    and the failure is flagged on everything downstream. Uses the real registered
-    tokenizers (scripts/fetch_tokenizers.py), no weights."""
+    passing everywhere are selected, the same for every family of the study; with fewer, the
+    first five in registered order stand in and the failure is flagged on everything
+    downstream. Uses the real registered tokenizers (scripts/fetch_tokenizers.py), no weights."""
     settings = protocol.settings()
     result = run_name_gate(settings, context.partition_key, Path(protocol.cache_dir))
     table = result.table.assign(family=context.partition_key, selected_names=json.dumps(result.selected),
@@ -113,6 +114,7 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
     pivot = pivot.reindex(settings.names)
     return dg.Output(table, metadata={
         "selected names": ", ".join(result.selected),
+        "families sharing this selection (4.2)": ", ".join(study_families(settings, context.partition_key)),
         "passed": result.passed,
         "verdict": result.message,
         "tokens per name (tokenizer, form)": dg.MetadataValue.md(pivot.to_markdown()),
@@ -125,7 +127,8 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
 
 @dg.asset_check(asset=name_gate, blocking=GATES_BLOCK, description=(
     "Protocol 4.2 name gate: at least five registered names are single tokens in every form "
-    "in every tokenizer of the configuration. Blocking in confirmatory mode."))
+    "in every tokenizer of the study (tested, base, judge and scorer of every registered family). "
+    "Blocking in confirmatory mode."))
 def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
     passed = bool(name_gate["gate_passed"].iloc[0])
     split = name_gate[~name_gate["single_token"]]
@@ -145,7 +148,7 @@ def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
 def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
     """Names for a registration amendment (protocol 4.2; DECISIONS 8): every candidate of the
     list shipped with the bank (data/bank/name_candidates.yaml), measured as the name gate
-    measures the registered names (token count in every tokenizer of the configuration, in
+    measures the registered names (token count in every tokenizer of the study, in
     every form names occur in), and the first five passing everywhere, in the list's fixed
     alphabetical order, proposed. It never changes the registered names: applying a proposal
     is an explicit settings edit recorded as an amendment in the registration record."""
@@ -153,7 +156,7 @@ def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     family_key = context.partition_key
     candidates = load_candidates(Path(protocol.bank_dir), settings.names, bank.canonical_text())
     k = settings.selected_name_count
-    proposal = propose_names(candidates, configuration_tokenizers(settings, family_key, Path(protocol.cache_dir)), k)
+    proposal = propose_names(candidates, study_tokenizers(settings, family_key, Path(protocol.cache_dir)), k)
     table = proposal.table.assign(family=family_key, tokens=proposal.table["tokens"].map(" ".join))
     return dg.Output(table, metadata={
         "proposed (not applied)": ", ".join(proposal.proposed) or "none",

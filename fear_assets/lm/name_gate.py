@@ -1,9 +1,11 @@
 """The name gate (protocol 4.2): which registered names are single tokens, in context.
 
 Protocol 4.2 takes the names in their registered order and selects the first
-``names.selected_count`` (five) that are a single token in the tokenizers of every tested,
-judge and scorer model of a configuration, in the forms in which a name occurs in the
-rendered documents. A name's form is measured in context, never on the bare name: the
+``names.selected_count`` (five) that are a single token "in the tokenizers of all tested,
+judge and scorer models", in the forms in which a name occurs in the rendered documents.
+The selection is one for the whole study, not one per configuration (:func:`study_tokenizers`):
+the same names serve as Orin, Tavi, Kemi, Sora and Pell in every family, so the primary
+and replication families are compared on the same documents. A name's form is measured in context, never on the bare name: the
 context is encoded and the tokens whose character spans overlap the name are counted.
 
 Forms (each measured in the contexts of :data:`FORM_CONTEXTS`, which copy the wording of the
@@ -23,7 +25,7 @@ A name counts as a single token in a context when exactly one token overlaps it 
 token covers nothing but the name and, at most, the one whitespace character before it.
 
 Everything here is a pure function of the tokenizers given, except
-:func:`configuration_tokenizers` and :func:`run_name_gate`, which load them.
+:func:`configuration_tokenizers`, :func:`study_tokenizers` and :func:`run_name_gate`, which load them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ from fear_assets.settings import DEFAULT_CACHE_DIR, ProtocolSettings
 
 FORMS = ("mid_sentence", "line_start", "message_start")
 ROLES = ("tested", "judge", "scorer")
+#: Checkpoints of a family whose tokenizers the study's names must pass (4.2): the base
+#: checkpoint is a tested model too (4.3's base-against-assistant comparison scores it on
+#: the same documents).
+STUDY_ROLES = ("tested", "base", "judge", "scorer")
+#: Family roles that make up the registered study (4.1); any other (the embedded
+#: demonstration) is a study of its own.
+STUDY_FAMILY_ROLES = ("primary", "replication")
 TABLE_COLUMNS = ["tokenizer", "tokenizer_id", "name", "form", "n_tokens", "tokens", "single_token", "context"]
 
 # Contexts with the wording of data/bank/templates.yaml ({name} is the name's slot).
@@ -208,6 +217,36 @@ def configuration_tokenizers(settings: ProtocolSettings, family_key: str,
     return out
 
 
+def study_families(settings: ProtocolSettings, family_key: str) -> list[str]:
+    """The families whose models one name selection must serve (4.2: "all tested, judge and
+    scorer models"): every registered family (primary and replications) for a registered
+    one; a demonstration family (whose scorer and judge are stand-ins for itself) alone, so
+    that its stand-in tokenizer never changes the registered study's names."""
+    role = settings.family(family_key).role
+    if role not in STUDY_FAMILY_ROLES:
+        return [family_key]
+    return [k for k, f in settings.families.items() if f.role in STUDY_FAMILY_ROLES]
+
+
+def study_tokenizers(settings: ProtocolSettings, family_key: str,
+                     cache_dir: Path = DEFAULT_CACHE_DIR) -> dict[str, TokenizerAdapter]:
+    """``"<family> <role>"`` -> tokenizer adapter for every tested, base, judge and scorer
+    checkpoint of :func:`study_families` (4.2), one adapter per checkpoint. A name split by
+    any of them is skipped for every family."""
+    by_checkpoint: dict[str, TokenizerAdapter] = {}
+    out: dict[str, TokenizerAdapter] = {}
+    for key in study_families(settings, family_key):
+        family = settings.family(key)
+        for role in STUDY_ROLES:
+            checkpoint = getattr(family, role)
+            if checkpoint is None:  # no base checkpoint (the embedded demonstration)
+                continue
+            if checkpoint not in by_checkpoint:
+                by_checkpoint[checkpoint] = tokenizer_for(checkpoint, settings, cache_dir)
+            out[f"{key} {role}"] = by_checkpoint[checkpoint]
+    return out
+
+
 @dataclass(frozen=True)
 class NameGateResult:
     family: str
@@ -218,8 +257,9 @@ class NameGateResult:
 
 
 def run_name_gate(settings: ProtocolSettings, family_key: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> NameGateResult:
-    """Measure the registered names in one configuration's tokenizers and select (4.2)."""
-    table = name_token_table(settings.names, configuration_tokenizers(settings, family_key, cache_dir))
+    """Measure the registered names in the study's tokenizers and select (4.2): the same
+    selection for every family of the study (:func:`study_tokenizers`)."""
+    table = name_token_table(settings.names, study_tokenizers(settings, family_key, cache_dir))
     k = settings.selected_name_count
     selected, passed = select_names(table, settings.names, k)
     return NameGateResult(family_key, selected, passed, table, gate_message(table, settings.names, k))

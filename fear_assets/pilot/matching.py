@@ -9,7 +9,9 @@ difference per frame. A failing
 confirmatory frame is replaced by the lowest-numbered passing reserve frame of its fear;
 a fear left with fewer confirmatory frames than registered is reported with how many frames
 to write. Each secondary-class event is matched to the retained agent frames within the same
-tolerance (:func:`event_differences` says which statistic and why).
+tolerance (:func:`event_differences` says which statistic and why). The bank-level TOST and
+the event matching that the registration record reports run on the final selection, after
+binding replacement (:func:`final_bank_matching`).
 """
 
 from __future__ import annotations
@@ -87,12 +89,23 @@ def equivalence(differences: pd.DataFrame, retained: set[str], bound: float) -> 
     frame contributes one mean difference per comparison and the test has one observation
     per retained frame (``n`` = frames). With fewer than two frames the test is undefined
     (p is NaN) and so never passes."""
-    d = differences[differences["item_id"].isin(retained)]
-    kind = d["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)
-    per_frame = d.assign(kind=kind).groupby(["kind", "item_id"], sort=True)["difference"].mean()
+    return tost_over(per_frame_differences(differences), retained, bound)
+
+
+def per_frame_differences(differences: pd.DataFrame) -> pd.DataFrame:
+    """One mean difference per (comparison kind, frame): the observations of the bank-level
+    TOST (:func:`equivalence`). Columns kind, item_id, difference."""
+    kind = differences["comparison"].str.replace(r"^(threat|harmless): ", "", regex=True)
+    per_frame = differences.assign(kind=kind).groupby(["kind", "item_id"], sort=True)["difference"].mean()
+    return per_frame.reset_index()
+
+
+def tost_over(per_frame: pd.DataFrame, retained: set[str], bound: float) -> pd.DataFrame:
+    """The bank-level TOST over the ``retained`` frames' per-frame mean differences."""
+    d = per_frame[per_frame["item_id"].isin(retained)]
     rows = []
-    for comparison, part in per_frame.groupby(level="kind", sort=True):
-        values = part.to_numpy()
+    for comparison, part in d.groupby("kind", sort=True):
+        values = part["difference"].to_numpy()
         p_value = float(DescrStatsW(values).ttost_mean(-bound, bound)[0]) if len(values) > 1 else float("nan")
         rows.append({"comparison": comparison, "n": len(values), "mean_difference": float(values.mean()),
                      "tost_p": p_value})
@@ -119,16 +132,80 @@ def event_differences(surprisal: pd.DataFrame, retained: set[str], event_classes
     name rotations and for both content options". One row per event x rotation x option:
     event minus the frames' mean. Where no frame is retained the reference is missing and
     the difference is NaN (never within tolerance)."""
-    frames = surprisal[surprisal["agent"].isin(AGENTS) & surprisal["item_id"].isin(retained)]
-    reference = frames.groupby("rotation")["rest_nll"].mean()
+    return events_against(event_surprisal(surprisal, event_classes),
+                          reference_nll(frame_nll_sums(surprisal), retained))
+
+
+def event_surprisal(surprisal: pd.DataFrame, event_classes: Sequence[str]) -> pd.DataFrame:
+    """The events' own statistic, one row per event x rotation x option (no reference yet)."""
     events = surprisal[surprisal["frame_set"].isin(list(event_classes)) & ~surprisal["agent"].eq("partner")]
-    out = pd.DataFrame({
-        "item_id": events["item_id"], "event_class": events["frame_set"], "rotation": events["rotation"],
-        "option": events["option"], "event_nll": events["rest_nll"],
-        "frames_mean_nll": events["rotation"].map(reference).astype(float),
-    })
+    return pd.DataFrame({"item_id": events["item_id"], "event_class": events["frame_set"],
+                         "rotation": events["rotation"], "option": events["option"],
+                         "event_nll": events["rest_nll"]}).reset_index(drop=True)
+
+
+def frame_nll_sums(surprisal: pd.DataFrame) -> pd.DataFrame:
+    """Per agent frame and rotation, the sum and count of its sentences' non-name NLL, so the
+    agent frames' mean under any retained set can be formed later (item_id, rotation, sum, n)."""
+    frames = surprisal[surprisal["agent"].isin(AGENTS)]
+    return frames.groupby(["item_id", "rotation"], as_index=False).agg(sum=("rest_nll", "sum"),
+                                                                         n=("rest_nll", "size"))
+
+
+def reference_nll(sums: pd.DataFrame, retained: set[str]) -> pd.Series:
+    """Per rotation, the mean non-name NLL of the retained agent frames' sentences."""
+    kept = sums[sums["item_id"].isin(retained)].groupby("rotation")[["sum", "n"]].sum()
+    return kept["sum"] / kept["n"]
+
+
+def events_against(events: pd.DataFrame, reference: pd.Series) -> pd.DataFrame:
+    """:func:`event_differences` from the events' statistic and the frames' reference."""
+    out = events.assign(frames_mean_nll=events["rotation"].map(reference).astype(float))
     out["difference"] = out["event_nll"] - out["frames_mean_nll"]
     return out.sort_values(["item_id", "rotation", "option"], ignore_index=True)[EVENT_COLUMNS]
+
+
+# ---------------------------------------------------------------------------------------
+# The bank-level tests on the final selection (4.3)
+# ---------------------------------------------------------------------------------------
+#: Columns of ``matched_frames`` that let the bank-level tests be re-run on another selection.
+FINAL_BANK_COLUMNS = ("frame_mean_differences", "frame_nll", "event_surprisal")
+
+
+def final_bank_columns(item_ids: Sequence[str], differences: pd.DataFrame, surprisal: pd.DataFrame,
+                       event_classes: Sequence[str]) -> dict[str, list[str]]:
+    """JSON columns for the ``matched_frames`` rows of ``item_ids``: each frame's per-kind mean
+    difference and per-rotation NLL sums, and (on every row) the events' statistic."""
+    per_frame = per_frame_differences(differences)
+    sums = frame_nll_sums(surprisal)
+    events = event_surprisal(surprisal, event_classes).to_json(orient="records")
+    means = {i: dict(zip(g["kind"], g["difference"])) for i, g in per_frame.groupby("item_id")}
+    nll = {i: g[["rotation", "sum", "n"]].to_dict(orient="records") for i, g in sums.groupby("item_id")}
+    return {"frame_mean_differences": [json.dumps(means.get(i, {})) for i in item_ids],
+            "frame_nll": [json.dumps(nll.get(i, [])) for i in item_ids],
+            "event_surprisal": [events] * len(item_ids)}
+
+
+def final_bank_matching(matched: pd.DataFrame, frames: Sequence[str], bound: float,
+                        tolerance: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """4.3 "Across the retained bank, the mean differences must also be equivalent to zero",
+    and the events' matching to the agent frames, on ``frames``: the FINAL confirmatory
+    selection, after binding replacement (4.2), not the matching stage's own selection; a
+    reserve frame brought in by binding changes the bank both tests are about. Returns
+    (TOST table, event verdicts), read from the columns :func:`final_bank_columns` stores."""
+    missing = [c for c in FINAL_BANK_COLUMNS if c not in matched.columns]
+    if missing:
+        raise ValueError(f"matched_frames lacks {missing}: re-materialise matched_frames")
+    per_frame = pd.DataFrame([{"kind": k, "item_id": r.item_id, "difference": v}
+                              for r in matched.itertuples() for k, v in json.loads(r.frame_mean_differences).items()],
+                             columns=["kind", "item_id", "difference"])
+    sums = pd.DataFrame([{"item_id": r.item_id, **x} for r in matched.itertuples() for x in json.loads(r.frame_nll)],
+                        columns=["item_id", "rotation", "sum", "n"])
+    events = pd.DataFrame(json.loads(matched["event_surprisal"].iloc[0]),
+                          columns=["item_id", "event_class", "rotation", "option", "event_nll"])
+    retained = set(frames)
+    return (tost_over(per_frame, retained, bound),
+            event_verdicts(events_against(events, reference_nll(sums, retained)), tolerance))
 
 
 def event_verdicts(differences: pd.DataFrame, tolerance: float) -> pd.DataFrame:
@@ -151,20 +228,23 @@ def read_tost(matched: pd.DataFrame) -> pd.DataFrame:
     return tost.assign(tost_p=pd.to_numeric(tost["tost_p"]).astype(float))
 
 
-def matching_problems(matched: pd.DataFrame, alpha: float) -> list[str]:
+def matching_problems(matched: pd.DataFrame, alpha: float, tost: pd.DataFrame | None = None,
+                      events: pd.DataFrame | None = None) -> list[str]:
     """Everything that fails the matching gate (4.3), from a ``matched_frames`` table: fears
     short of frames, comparisons whose bank-level TOST does not show equivalence (NaN with
-    fewer than two frames is not equivalence) and events outside the tolerance."""
+    fewer than two frames is not equivalence) and events outside the tolerance. ``tost`` and
+    ``events`` (from :func:`final_bank_matching`) replace the matching stage's stored ones."""
     short = matched.groupby("fear")["frames_to_write"].max()
     problems = [f"write {n} new frame(s) for {fear}" for fear, n in short[short > 0].items()]
-    tost = read_tost(matched)
+    tost = read_tost(matched) if tost is None else tost
     if tost.empty:
         problems.append("no frame is retained, so the bank-level equivalence cannot be tested")
     problems += [f"mean difference {r.comparison} not shown within the bound ("
                  + (f"TOST p = {r.tost_p:.3f} over {r.n} frames)" if pd.notna(r.tost_p) else
                     f"TOST not defined over {r.n} frame)")
                  for r in tost[~(tost["tost_p"] < alpha)].itertuples()]
-    events = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]), columns=EVENT_VERDICT_COLUMNS)
+    if events is None:
+        events = pd.DataFrame(json.loads(matched["event_matching"].iloc[0]), columns=EVENT_VERDICT_COLUMNS)
     failing = events[~events["passes"].astype(bool)]
     unmatched = failing[failing["max_abs_difference"].isna()]
     if len(unmatched):

@@ -2,8 +2,10 @@
 
 With no document, the model is asked every forced-choice question, for agent sentences and
 neutral partners alike. For every question the probability of content option 1 must lie
-within the registered bounds (0.4-0.6, inclusive); otherwise the item's question or content
-options are rewritten, and an item that still fails is replaced like a matching failure.
+within the registered bounds (0.4-0.6, inclusive); otherwise "the content slot is rewritten"
+(4.3): the frame keeps its place in the selection and the item is reported for rewriting
+(:func:`content_slot_rewrites`), as a fear short of frames is reported for writing. It is
+never replaced from the reserve pool: 4.3 replaces frames only for matching and binding.
 
 Only the two choice letters are compared (a two-way softmax), so the probability does not
 depend on how much mass the model puts on other tokens. Because the options are listed in
@@ -14,6 +16,7 @@ a pure letter bias then shows up as one order failing high and the other low.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -118,5 +121,24 @@ def zero_preference_verdict(table: pd.DataFrame, low: float, high: float) -> tup
     return False, (f"zero preference (4.3): {int((~checked['passes']).sum())} of {len(checked)} questions "
                    f"outside {bounds} in {len(failures)} item(s): {listed}. Fix: rewrite the forced-choice "
                    "question or content options of the listed items (the agent question for 'agent' "
-                   "failures, the partner question for 'partner' failures) and rerun the check; an item "
-                   "that still fails is replaced from the reserve pool like a matching failure")
+                   "failures, the partner question for 'partner' failures), i.e. rewrite the content slot "
+                   "(4.3), and rerun the check; the frame keeps its place (a zero-preference failure is not "
+                   "replaced from the reserve pool)")
+
+
+def content_slot_rewrites(table: pd.DataFrame, frames: Sequence[str]) -> pd.DataFrame:
+    """4.3 "otherwise the content slot is rewritten": the failing items among ``frames`` (the
+    final confirmatory selection), one row each as :func:`zero_preference_failures` gives it,
+    with ``rewrite`` saying which content slot (the agent sentence's, the neutral partner's,
+    or both). Items outside the selection are not collected and need no rewrite."""
+    failures = zero_preference_failures(table)
+    failures = failures[failures["item_id"].isin(list(frames))].reset_index(drop=True)
+    slots = {"agent": "the agent sentence's content slot", "partner": "the neutral partner's content slot"}
+    return failures.assign(rewrite=[" and ".join(slots[k] for k in kinds.split(", "))
+                                    for kinds in failures["failed_kinds"]])
+
+
+def rewrite_message(rewrites: pd.DataFrame) -> str:
+    """The items to rewrite before registration, as the frame-writing shortfall is stated."""
+    return "; ".join(f"rewrite the content slot of {r.item_id} ({r.rewrite}: {r.n_failed}/{r.n_questions} questions "
+                     f"outside the band, worst p = {r.worst_p_option1:.3f})" for r in rewrites.itertuples())

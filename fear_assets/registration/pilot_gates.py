@@ -14,23 +14,42 @@ from typing import Any, Mapping
 import pandas as pd
 
 from fear_assets.lm.name_gate import selected_names
-from fear_assets.pilot.matching import matching_problems, read_tost, select_frames
+from fear_assets.pilot.matching import final_bank_matching, matching_problems, select_frames
+from fear_assets.pilot.zero_preference import content_slot_rewrites, rewrite_message
 from fear_assets.registration.gates import binding_outcomes, power_gate
+from fear_assets.settings_sections import Matching
 
 
-def final_selection(matched: pd.DataFrame, binding: pd.DataFrame, zero: pd.DataFrame, numbers: Mapping[str, int],
+def final_selection(matched: pd.DataFrame, binding: pd.DataFrame, numbers: Mapping[str, int],
                     required_per_fear: int, rewrites: Mapping[str, str]) -> tuple[list[str], dict, dict]:
     """Confirmatory frames after every pilot gate (4.3): a frame is kept if it passes
-    matching, the single-sentence binding checks and zero preference; else replaced by its
-    registered rewrite or the lowest-numbered passing reserve. Returns (frames, replacements
-    {replaced: replacement}, shortfall by fear)."""
-    z = zero.groupby("item_id")["passes"].all()
+    matching and the single-sentence binding checks; else replaced by its registered rewrite
+    or the lowest-numbered passing reserve ("a confirmatory frame that fails matching or
+    binding is replaced"). Zero preference does not replace a frame: a failing item keeps
+    its place and its content slot is rewritten (:func:`zero_preference_gate`). Returns
+    (frames, replacements {replaced: replacement}, shortfall by fear)."""
     b = binding.set_index("item_id")["passes"]
     v = matched[["item_id", "fear", "frame_set", "passes"]].copy()
-    v["passes"] = v["passes"] & v["item_id"].map(b).fillna(False) & v["item_id"].map(z).fillna(False)
+    v["passes"] = v["passes"] & v["item_id"].map(b).fillna(False)
     selection, shortfall = select_frames(v, {i: numbers[i] for i in v["item_id"]}, required_per_fear, rewrites)
     replacements = {r.replaces: r.item_id for r in selection.itertuples() if r.replaces}
     return list(selection["item_id"]), replacements, shortfall
+
+
+def zero_preference_gate(zero: pd.DataFrame, frames: list[str]) -> dict:
+    """4.3 zero preference on the final selection: passes when no selected frame has a
+    question outside the band; otherwise each failing item is reported as "rewrite the
+    content slot" (before registration, like a fear's frames to write)."""
+    rewrites = content_slot_rewrites(zero, frames)
+    unasked = [f for f in frames if f not in set(zero["item_id"])]
+    problems = [rewrite_message(rewrites)] if len(rewrites) else []
+    if unasked:
+        problems.append(f"no zero-preference question was asked for {', '.join(unasked)}: run zero_preference on "
+                        "every selected frame")
+    return {"passed": not problems,
+            "numbers": {"items failing": int(zero.loc[~zero["passes"].astype(bool), "item_id"].nunique()),
+                        "selected frames to rewrite": len(rewrites)},
+            "message": "; ".join(problems) or "every selected frame's forced-choice questions lie within the band"}
 
 
 def _first(table: pd.DataFrame, column: str, default: Any = False) -> Any:
@@ -52,14 +71,16 @@ def probe_rules_gate(probe_controls: pd.DataFrame) -> dict:
             else "control probes at chance, no ceiling"}
 
 
-def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, tost_alpha: float, zero: pd.DataFrame,
+def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, matching_rule: Matching, zero: pd.DataFrame,
                        binding: pd.DataFrame, report_scoring: pd.DataFrame, probe_controls: pd.DataFrame,
                        pilot_controls: pd.DataFrame, frames: list[str], shortfall: Mapping[str, int],
                        power: Mapping[str, Any] | None, family: str) -> tuple[dict[str, dict], dict]:
     """Every registration gate with its verdict, numbers and message, and the in-context
-    binding result the reading carries (4.2 / D5 row 2). Names follow the protocol section."""
-    tost = read_tost(matched)
-    matching = matching_problems(matched, tost_alpha)
+    binding result the reading carries (4.2 / D5 row 2). Names follow the protocol section.
+    ``matching_rule`` is the registered ``settings.matching``; the bank-level TOST and the
+    event matching run on ``frames``, the final selection (4.3)."""
+    tost, events = final_bank_matching(matched, frames, matching_rule.tost_bound, matching_rule.max_abs_difference)
+    matching = matching_problems(matched, matching_rule.tost_alpha, tost, events)
     b0, r0 = binding.iloc[0], report_scoring.iloc[0]
     binding_gate, in_context = binding_outcomes(
         bool(b0["in_context_passed"]), int(b0["in_context_correct"]), int(b0["in_context_documents"]),
@@ -71,12 +92,10 @@ def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, tost_alph
                             else "fewer than five names are single tokens everywhere; the registered-order names stand in"},
         "matching (4.3)": {"passed": not matching,
                            "numbers": {"frames passing": int(matched["passes"].sum()), "frames examined": len(matched),
-                                       "events failing": sum(not e["passes"] for e in json.loads(matched["event_matching"].iloc[0])),
+                                       "events failing": int((~events["passes"].astype(bool)).sum()),
                                        "max TOST p": round(float(tost["tost_p"].max()), 4) if len(tost) else "n/a"},
                            "message": "; ".join(matching) or "matching passes (frames to write: none)"},
-        "zero_preference (4.3)": {"passed": bool(zero["gate_passed"].iloc[0]),
-                                  "numbers": {"items failing": int(zero.loc[~zero["passes"], "item_id"].nunique())},
-                                  "message": str(zero["message"].iloc[0])},
+        "zero_preference (4.3)": zero_preference_gate(zero, frames),
         "binding single-sentence (4.2)": binding_gate,
         "scorer_agreement (4.5)": {"passed": bool(r0["gate_passed"]),
                                    "numbers": {"kappa": None if pd.isna(r0["kappa"]) else round(float(r0["kappa"]), 3)},

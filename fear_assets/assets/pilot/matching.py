@@ -9,8 +9,9 @@ from fear_assets.assets.steps import answer, candidates, tested_builder
 from fear_assets.lm.name_gate import selected_names
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, family_partitions
-from fear_assets.pilot.matching import (equivalence, event_differences, event_verdicts, frame_differences,
-                                       frame_verdicts, matching_problems, read_tost, select_frames)
+from fear_assets.pilot.matching import (equivalence, event_differences, event_verdicts, final_bank_columns,
+                                       frame_differences, frame_verdicts, matching_problems, read_tost,
+                                       select_frames)
 from fear_assets.pilot.questions import zero_preference_questions
 from fear_assets.pilot.zero_preference import (within, zero_preference_failures, zero_preference_table,
                                                zero_preference_verdict)
@@ -28,7 +29,9 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     three rotations and both options ("retained within 0.10 nats/token"), the replacement
     of a failing confirmatory frame by its registered rewrite, else the lowest-numbered
     passing reserve of its fear, the drop rate by fear, and two one-sided tests that the
-    retained bank's mean differences lie within +-0.05. ``passes_base`` marks frames that
+    retained bank's mean differences lie within +-0.05 (here on this stage's selection; the
+    registration record re-runs the TOST and the event matching on the final selection, after
+    binding replacement, from the per-frame columns stored here). ``passes_base`` marks frames that
     also pass under the base checkpoint (the base-against-assistant comparison uses only those)."""
     settings, bank = protocol.settings(), protocol.bank()
     rule = settings.matching
@@ -45,7 +48,10 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     table = table.assign(family=context.partition_key, selected=table["selected"].notna(),
                          replaces=table["replaces"].fillna(""),
                          frames_to_write=table["fear"].map(shortfall).fillna(0).astype(int),
-                         tost=tost.to_json(orient="records"), event_matching=events.to_json(orient="records"))
+                         tost=tost.to_json(orient="records"), event_matching=events.to_json(orient="records"),
+                         # 4.3: what the registration record needs to re-run both tests on the final bank.
+                         **final_bank_columns(list(table["item_id"]), diffs, sentence_surprisal,
+                                              settings.bank_rules["event_classes"]))
     table = table.drop(columns=["fear_sel"], errors="ignore")
     # 4.3: the base-against-assistant comparison uses frames passing under both checkpoints.
     if len(base_sentence_surprisal):
@@ -76,11 +82,16 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     "matching and replacement, the retained bank's mean differences are equivalent to "
     "zero within +-0.05 (TOST over frames, alpha 0.05), and every secondary-class event lies "
     "within 0.10 of the agent frames' mean surprisal. Otherwise: how many frames to write per "
-    "fear and which events to rewrite."))
+    "fear and which events to rewrite. The TOST and the events are read here on this stage's "
+    "selection, as a warning; the registration record reads them on the final selection (after "
+    "binding replacement), so only a fear short of frames stops what follows."))
 def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
     problems = matching_problems(matched_frames, protocol.settings().matching.tost_alpha)
+    short = bool((matched_frames["frames_to_write"] > 0).any())
     return dg.AssetCheckResult(
         passed=not problems,
+        # 4.3: the bank-level tests bind on the final bank (the record's gate); here they warn.
+        severity=dg.AssetCheckSeverity.ERROR if short else dg.AssetCheckSeverity.WARN,
         description="matching passes" if not problems else
         "; ".join(problems) + ". New frames go through the same matching before registration (4.3).",
         metadata={"TOST": dg.MetadataValue.md(read_tost(matched_frames).round(4).to_markdown(index=False)),

@@ -46,12 +46,12 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     note = supplementary_note(note_path(protocol.registration_dir, config.supplementary_note),
                               settings.mode == "confirmatory")
     frames, replacements, shortfall = final_selection(
-        matched_frames, binding_results, zero_preference, {i: bank.item(i).number for i in matched_frames["item_id"]},
+        matched_frames, binding_results, {i: bank.item(i).number for i in matched_frames["item_id"]},
         settings.confirmatory_frames_per_fear(family_key), {r.rewrite_of: r.id for r in bank.rewrites})
     # 6.3: the stored power result, written by power_summary (None until it has run).
     power = read_power_section(protocol.registration_dir, family_key)
     gates, binding_in_context = gate_verdicts(
-        name_gate, matched_frames, settings.matching.tost_alpha, zero_preference, binding_results, report_scoring,
+        name_gate, matched_frames, settings.matching, zero_preference, binding_results, report_scoring,
         pilot_probe_controls, pilot_controls, frames, shortfall, power, family_key)
     # The record's fields are composed in the hashed package (registration/compose.py).
     hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
