@@ -12,6 +12,7 @@ from fear_assets.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.pilot.depth_rules import band_keys, stored_band
 from fear_assets.registration.gates import deviations, registered_power_result, registration_status
 from fear_assets.registration.pilot_gates import final_selection, gates_table, registration_gates as gate_verdicts
+from fear_assets.registration.pilot_gates import h4_pilot_declarations
 from fear_assets.registration.record import analysis_code_sha256, read_power_section, write_family_record
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_key
@@ -58,6 +59,7 @@ def registration_record(context: dg.AssetExecutionContext, protocol: ProtocolRes
         "pilot_sigma_judge": (None if pd.isna(pilot_controls["pilot_sigma_judge"].iloc[0])
                               else round(float(pilot_controls["pilot_sigma_judge"].iloc[0]), 6)),
         "gates": gates, "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,
+        "h4_pilot": h4_pilot_declarations(pilot_probe_controls),  # 6.1: carried to H4's row, never a gate
         "not_run": [] if registered_power_result(power) else
                    ["power simulation (6.3, Appendix C step 3): no registered power result (none stored, "
                     "a reduced demo, or incomplete)"],
