@@ -5,6 +5,12 @@ ignore, or an H4 rule that could stop H2, H5 or the reading."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pandas as pd
 
@@ -16,6 +22,7 @@ from fear_assets.probes.carriage import h4_interpretable, interval
 from fear_assets.reading.inputs import h4_estimand_row, reading_inputs
 from fear_assets.registration.gates import registration_status
 from fear_assets.registration.pilot_gates import probe_rules_gate
+from fear_assets.settings import PROJECT_ROOT, load_settings
 from fear_assets.simulation.runner import LABEL_COLUMNS
 from fear_assets.simulation.targets import HYPOTHESES, PowerTargets, decide, frame_sequence
 
@@ -232,3 +239,148 @@ def test_a_failing_control_probe_marks_h4_uninterpretable_and_the_reading_is_unc
     assert _reading(with_h4, record)[1].row == 10
     result = posteriors_converged(posteriors=with_h4)
     assert result.severity.name == "WARN" and "H4" in result.description
+
+
+# -- confirmatory mode through Dagster: a failing gate blocks; H4's flags do not ---------------
+_CONFIRMATORY_RUN = textwrap.dedent('''
+    """Run in a process whose settings are in confirmatory mode (Dagster fixes a check's
+    blocking flag when the definitions load). Real checks and the real reading asset; the
+    assets upstream of the reading are stand-ins with the real keys and the real edges
+    (asserted below), producing fixed tables through the real H4 and reading functions, so
+    that no model is fitted."""
+    import json, sys
+    import dagster as dg
+    import duckdb
+    import numpy as np
+    import pandas as pd
+    from fear_assets.analysis.h4 import h4_declared, h4_flags, h4_label
+    from fear_assets.assets.reading import section8_reading
+    from fear_assets.definitions import all_checks, defs, resources
+    from fear_assets.modes import GATES_BLOCK
+    from fear_assets.partitions import FAMILY_EXPR, family_partitions
+    from fear_assets.probes.carriage import h4_interpretable, interval
+    from fear_assets.reading.inputs import apply_estimation_only, declared_estimation_only, h4_estimand_row
+    from fear_assets.resources.store import SCHEMA
+    from fear_assets.settings import load_settings
+
+    SETTINGS = load_settings()
+    FAMILY = sys.argv[2]
+    CASE = json.loads(sys.argv[3])
+    KEYS = ("registration_record", "probe_controls", "h4_posterior", "posteriors", "section8_reading")
+    GATES = ("gate_a_service_relevance_H2", "gate_b_recall_H2", "gate_c_judge_H2_difference")
+    CONTROLS = ("control_addressee_name", "control_instructed_interaction", "control_instructed_priority",
+                "control_marked_priority")
+    common = dict(partitions_def=family_partitions, metadata=FAMILY_EXPR)
+
+    @dg.asset(name="registration_record", **common)
+    def registration_record():
+        record = {"family": FAMILY, "mode": "confirmatory", "status": "registered" if CASE["gate_passes"] else "refused",
+                  "failed_gates": [] if CASE["gate_passes"] else ["binding single-sentence (4.2)"],
+                  "binding_in_context": {"passed": True, "correct": 38, "documents": 40, "message": "ok"},
+                  "power": None, "h4_pilot": {"ran": True, "interpretable": True, "estimation_only": False}}
+        return pd.DataFrame([{"family": FAMILY, "gate": "binding single-sentence (4.2)",
+                              "passed": CASE["gate_passes"], "numbers": "{}",
+                              "message": "ok" if CASE["gate_passes"] else "write 1 frame(s) for termination",
+                              "record_json": json.dumps(record)}])
+
+    @dg.asset(name="probe_controls", **common)
+    def probe_controls():
+        rows = []
+        for name, k in (("probe", 400), ("depth", CASE["control_correct"])):
+            lo, hi = interval(k, 400, SETTINGS.probe.control_interval)
+            rows.append({"family": FAMILY, "frame_set": "confirmatory", "probe": name, "correct": k, "n": 400,
+                         "accuracy": k / 400, "interval_low": lo, "interval_high": hi,
+                         "excludes_chance": bool(lo > 0.5 or hi < 0.5)})
+        ctrl = pd.DataFrame(rows)
+        return ctrl.assign(h4_interpretable=h4_interpretable(ctrl))
+
+    @dg.asset(name="h4_posterior", **common)
+    def h4_posterior(probe_controls: pd.DataFrame, registration_record: pd.DataFrame):
+        record = json.loads(registration_record["record_json"].iloc[0])
+        interpretable, estimation_only = h4_declared(probe_controls, record["h4_pilot"])
+        diag = CASE["h4_diagnostics"]
+        flags = h4_flags(diag, SETTINGS.convergence, interpretable, estimation_only, "confirmatory", 50)
+        return pd.DataFrame([{"family": FAMILY, "frame_set": "confirmatory", "hypothesis": "H4", "mean": 0.3,
+                              "hdi_low": 0.05, "hdi_high": 0.6, "label": h4_label("supported", interpretable,
+                                                                                   estimation_only),
+                              "practically_meaningful": False, **diag, "flags": "; ".join(flags)}])
+
+    @dg.asset(name="posteriors", **common)
+    def posteriors(h4_posterior: pd.DataFrame, registration_record: pd.DataFrame):
+        record = json.loads(registration_record["record_json"].iloc[0])
+        def row(contrast, kind, label, passed=np.nan):
+            return {"contrast": contrast, "kind": kind, "status": "estimated", "mean": 0.4, "hdi_low": 0.2,
+                    "hdi_high": 0.6, "label": label, "practically_meaningful": True, "control_passed": passed,
+                    "rhat": 1.001, "ess_bulk": 900.0, "ess_tail": 800.0, "divergences": 0.0,
+                    "convergence_problems": "", "note": ""}
+        rows = [row("H2", "confirmatory", "supported"), row("H5", "confirmatory", "supported"),
+                *(row(g, "gate", "supported") for g in GATES), *(row(c, "control", "passes", 1.0) for c in CONTROLS),
+                h4_estimand_row(h4_posterior.iloc[0])]
+        table = apply_estimation_only(pd.DataFrame(rows), declared_estimation_only(record))
+        table["divergences"] = table["divergences"].astype(float)
+        table["practically_meaningful"] = table["practically_meaningful"].astype(bool)
+        return table.assign(family=FAMILY, failed_gates="")
+
+    standins = [registration_record, probe_controls, h4_posterior, posteriors]
+    # The stand-ins keep the real edges between these assets.
+    real = {k: defs.resolve_assets_def(k) for k in KEYS}
+    for a in [*standins, section8_reading]:
+        key = a.key
+        want = {d.to_user_string() for d in real[key.to_user_string()].asset_deps[key]} & set(KEYS)
+        have = {d.to_user_string() for d in a.asset_deps[key]}
+        assert want == have, (key, want, have)
+    checks = [c for c in all_checks if c.check_key.name in
+              ("registration_gates", "controls_at_chance", "h4_converged", "posteriors_converged")]
+    with dg.instance_for_test() as instance:
+        run = dg.materialize([*standins, section8_reading, *checks], partition_key=FAMILY, instance=instance,
+                             resources=resources(sys.argv[1]), raise_on_error=False)
+    out = {"gates_block": GATES_BLOCK,
+           "materialised": sorted(e.asset_key.to_user_string() for e in run.get_asset_materialization_events()),
+           "checks": {e.check_name: [e.passed, e.severity.name] for e in run.get_asset_check_evaluations()},
+           "failed_steps": sorted(e.step_key for e in run.all_events if e.is_step_failure)}
+    if "section8_reading" in out["materialised"]:
+        with duckdb.connect(sys.argv[1], read_only=True) as con:
+            out["reading"] = con.execute(f"select code, row, h2, h5 from {SCHEMA}.section8_reading").fetchone()
+            out["h4_label"] = con.execute(f"select label from {SCHEMA}.posteriors where contrast = 'H4'").fetchone()[0]
+    print(json.dumps(out))
+''')
+
+
+def _confirmatory_run(tmp_path, name: str, **case) -> dict:
+    settings_text = (PROJECT_ROOT / "data" / "protocol_settings.yaml").read_text()
+    assert "  mode: pilot\n" in settings_text
+    settings_file = tmp_path / "settings_confirmatory.yaml"
+    settings_file.write_text(settings_text.replace("  mode: pilot\n", "  mode: confirmatory\n"))
+    home = tmp_path / name
+    home.mkdir()
+    env = {**os.environ, "FEAR_ASSETS_SETTINGS": str(settings_file), "DAGSTER_HOME": str(home)}
+    family = next(iter(load_settings().families))
+    out = subprocess.run([sys.executable, "-c", _CONFIRMATORY_RUN, str(home / "store.duckdb"), family,
+                          json.dumps(case)], env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_confirmatory_mode_a_failing_gate_blocks_its_downstream_and_h4s_flags_do_not(tmp_path, settings):
+    """Confirmatory mode, real Dagster materialisations: (1) a failing registration gate (a
+    blocking check) stops everything downstream of the record in the same run: no posteriors,
+    no reading; (2) with the record registered, a control probe off chance and a non-converged
+    H4 fit fail their checks as warnings, H4's row says uninterpretable, and posteriors (H2,
+    H5) and the Section 8 reading still materialise, with the reading H2, H5 and the gates give."""
+    converged = {"max_rhat": 1.002, "min_ess_bulk": 800.0, "min_ess_tail": 700.0, "divergences": 0.0}
+    not_converged = {"max_rhat": 1.08, "min_ess_bulk": 40.0, "min_ess_tail": 30.0, "divergences": 12.0}
+    blocked = _confirmatory_run(tmp_path, "gate", gate_passes=False, control_correct=200,
+                                h4_diagnostics=converged)
+    assert blocked["gates_block"] is True
+    assert blocked["checks"]["registration_gates"][0] is False
+    assert "posteriors" not in blocked["materialised"] and "section8_reading" not in blocked["materialised"]
+    assert "registration_record" in blocked["materialised"]
+    flagged = _confirmatory_run(tmp_path, "h4", gate_passes=True, control_correct=300,
+                                h4_diagnostics=not_converged)
+    assert flagged["checks"]["controls_at_chance"] == [False, "WARN"]
+    assert flagged["checks"]["h4_converged"] == [False, "WARN"]
+    assert flagged["checks"]["posteriors_converged"][1] == "WARN"
+    assert {"h4_posterior", "posteriors", "section8_reading"} <= set(flagged["materialised"])
+    assert flagged["failed_steps"] == []
+    assert flagged["h4_label"] == "uninterpretable"
+    assert flagged["reading"] == ["CONSISTENT_WITH_FRAMEWORK", 10, "supported", "supported"]
