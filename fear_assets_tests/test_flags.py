@@ -196,7 +196,7 @@ def test_a_pilot_ceiling_still_registers_and_h4s_confirmatory_row_says_estimatio
     confirmatory = _pilot_probe_controls(settings, 0.8, 200).drop(
         columns=["h4_estimation_only", "band_mean_accuracy", "decodes_at_shallowest", "band_depths"]).assign(
         frame_set="confirmatory")
-    interpretable, estimation_only = h4_declared(confirmatory, record["h4_pilot"])
+    interpretable, estimation_only = h4_declared(confirmatory, record)
     assert interpretable and estimation_only
     conv = settings.convergence
     diagnostics = {"max_rhat": 1.002, "min_ess_bulk": 800.0, "min_ess_tail": 700.0, "divergences": 0}
@@ -204,8 +204,10 @@ def test_a_pilot_ceiling_still_registers_and_h4s_confirmatory_row_says_estimatio
     row = h4_estimand_row(_h4_posterior_row(h4_label("supported", interpretable, estimation_only), flags))
     assert row["label"] == ESTIMATION_ONLY and "estimation-only" in row["note"]
     # Below the ceiling nothing is declared and the rule's label stands.
-    below = h4_pilot_declarations(_pilot_probe_controls(settings, ceiling - 0.05, 200))
+    below = _record(h4_pilot=h4_pilot_declarations(_pilot_probe_controls(settings, ceiling - 0.05, 200)))
     assert h4_label("supported", *h4_declared(confirmatory, below)) == "supported"
+    # H4 still below its own power targets is declared estimation-only too (6.3).
+    assert h4_declared(confirmatory, {**below, "power": _power(estimation_only=["H4"])})[1]
     # The record's declaration also labels the H4 estimand itself estimation-only.
     assert "H4" in declared_estimation_only(record)
 
@@ -220,8 +222,7 @@ def test_a_failing_control_probe_marks_h4_uninterpretable_and_the_reading_is_unc
     from fear_assets.analysis.h4 import UNINTERPRETABLE, h4_declared, h4_label
     from fear_assets.registration.pilot_gates import h4_pilot_declarations
 
-    interpretable, estimation_only = h4_declared(leaking, {"ran": True, "interpretable": True,
-                                                           "estimation_only": False})
+    interpretable, estimation_only = h4_declared(leaking, _record())
     assert not interpretable and not estimation_only
     not_converged = {"max_rhat": 1.08, "min_ess_bulk": 40.0, "min_ess_tail": 30.0, "divergences": 12}
     flags = h4_flags(not_converged, settings.convergence, interpretable, estimation_only, "confirmatory", 50)
@@ -231,7 +232,7 @@ def test_a_failing_control_probe_marks_h4_uninterpretable_and_the_reading_is_unc
     pilot_leak = h4_pilot_declarations(_pilot_probe_controls(settings, 0.8, control_correct=300))
     assert pilot_leak["interpretable"] is False and probe_rules_gate(
         _pilot_probe_controls(settings, 0.8, control_correct=300))["passed"]
-    assert not h4_declared(leaking.iloc[:1], pilot_leak)[0]
+    assert not h4_declared(leaking.iloc[:1], _record(h4_pilot=pilot_leak))[0]
     # The reading is the same with and without H4's row, and H4 does not fail the convergence check.
     record = _record()
     with_h4, without_h4 = _posteriors(h4_row=h4), _posteriors()
@@ -297,7 +298,7 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
     @dg.asset(name="h4_posterior", **common)
     def h4_posterior(probe_controls: pd.DataFrame, registration_record: pd.DataFrame):
         record = json.loads(registration_record["record_json"].iloc[0])
-        interpretable, estimation_only = h4_declared(probe_controls, record["h4_pilot"])
+        interpretable, estimation_only = h4_declared(probe_controls, record)
         diag = CASE["h4_diagnostics"]
         flags = h4_flags(diag, SETTINGS.convergence, interpretable, estimation_only, "confirmatory", 50)
         return pd.DataFrame([{"family": FAMILY, "frame_set": "confirmatory", "hypothesis": "H4", "mean": 0.3,

@@ -22,8 +22,8 @@ from fear_assets.hashing import derived_seed, sha256_file, write_inference_data
 from fear_assets.lm.surprisal import require_same_names
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
-from fear_assets.reading.inputs import (H4_PILOT_FIELD, apply_estimation_only, convergence_split,
-                                       declared_estimation_only, estimand_flags, h4_estimand_row)
+from fear_assets.reading.inputs import (apply_estimation_only, convergence_split, declared_estimation_only,
+                                       estimand_flags, h4_estimand_row)
 from fear_assets.registration.freeze import read_record
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_key
@@ -72,8 +72,7 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     write_inference_data(fit.idata, path)
     # 6.1's rules are flags on H4's row: the ceiling comes from the record (declared before
     # collection), the control probes from the analysed frame set and the pilot.
-    interpretable, estimation_only = h4_declared(controls[controls["frame_set"] == frame_set],
-                                                 record.get(H4_PILOT_FIELD))
+    interpretable, estimation_only = h4_declared(controls[controls["frame_set"] == frame_set], record)
     flags = h4_flags(fit.diagnostics, settings.convergence, interpretable, estimation_only,
                      frame_set, data["frame"].nunique())
     reported = h4_label(fit.label, interpretable, estimation_only)
