@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from fear_assets.reading.decision import READINGS, section8_reading
+from fear_assets.reading.decision import ESTIMATION_ONLY, READINGS, section8_reading
 
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5")
 GATES = ("gate_a", "gate_b", "gate_c")
@@ -108,7 +108,7 @@ def dataset_readings(labels: pd.DataFrame, h5_estimation_only: bool = False,
                   [c for c, v in ctrl.items() if v is None or (isinstance(v, float) and np.isnan(v))]
         reading = None
         if not missing:
-            reading = section8_reading(labs["H2"], "not_tested" if h5_estimation_only else labs["H5"],
+            reading = section8_reading(labs["H2"], ESTIMATION_ONLY if h5_estimation_only else labs["H5"],
                                        labs["gate_a"], labs["gate_b"], labs["gate_c"],
                                        controls_failed=not all(bool(v) for v in ctrl.values()),
                                        binding_failed=False, gates_underpowered=False).code
