@@ -97,6 +97,10 @@ def test_record_with_h5_estimation_only_and_a_supported_h5_posterior_gives_row_1
     assert relabelled.loc["H5", "label"] == ESTIMATION_ONLY and not relabelled.loc["H5", "practically_meaningful"]
     assert (relabelled.loc["H5", "hdi_low"], relabelled.loc["H5", "hdi_high"]) == (0.2, 0.6)
     assert relabelled.loc["H2", "label"] == "supported"
+    from fear_assets.reading.inputs import reading_flags
+
+    flags = reading_flags(reading, args, relabelled.reset_index().assign(failed_gates=""))
+    assert any(f.startswith("estimation-only") and "H5" in f for f in flags)
     # An estimation-only H2 is never Supported either: no reading, reported as inconclusive (row 3).
     h2_only = _reading(table, _record(power=_power(estimation_only=["H2"])))[1]
     assert h2_only.row == 3 and any("estimation-only" in q for q in h2_only.qualifiers)

@@ -30,8 +30,8 @@ BINDING_FIELD = "binding_in_context"
 POWER_FIELD = "power"
 #: The pilot probe's H4 declarations (6.1), carried by the record to H4's row (never a gate).
 H4_PILOT_FIELD = "h4_pilot"
-#: 6.2: "H1, H3 and H4 ... do not change the Section 8 reading". H4 has its own stops in 6.1
-#: (uninterpretable, estimation-only), so its convergence is a flag on its row, never a stop.
+#: 6.2: "H1, H3 and H4 ... do not change the Section 8 reading". H4's own rules in 6.1
+#: (uninterpretable, estimation-only) are flags on its row, and so is its convergence.
 NOT_READING_CONTRASTS = ("H4",)
 
 
@@ -208,6 +208,10 @@ def reading_flags(reading, args: Mapping[str, Any], posteriors: pd.DataFrame) ->
     if len(secondary_not_converged):
         flags.append("H4/secondary/sensitivity not converged (cannot change the reading): "
                      + ", ".join(secondary_not_converged["contrast"]))
+    declared = posteriors[(posteriors["kind"] == "confirmatory") & (posteriors["label"] == ESTIMATION_ONLY)]
+    if len(declared):
+        flags.append("estimation-only, declared before collection (interval reported, no label): "
+                     + ", ".join(declared["contrast"]))
     not_scored = posteriors[posteriors["status"].isin(["not_scored", "not_available"]) &
                             posteriors["kind"].isin(READING_KINDS)]
     if len(not_scored):
