@@ -273,7 +273,7 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
 
     SETTINGS = load_settings()
     FAMILY = sys.argv[2]
-    CASE = json.loads(sys.argv[3])
+    CASE = {}  # the case being run (one materialisation per case, each in its own instance and store)
     KEYS = ("registration_record", "probe_controls", "h4_posterior", "posteriors", "section8_reading")
     GATES = ("gate_a_service_relevance_H2", "gate_b_recall_H2", "gate_c_judge_H2_difference")
     CONTROLS = ("control_addressee_name", "control_instructed_interaction", "control_instructed_priority",
@@ -339,32 +339,39 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
         assert want == have, (key, want, have)
     checks = [c for c in all_checks if c.check_key.name in
               ("registration_gates", "controls_at_chance", "h4_converged", "posteriors_converged")]
-    with dg.instance_for_test() as instance:
-        run = dg.materialize([*standins, section8_reading, *checks], partition_key=FAMILY, instance=instance,
-                             resources=resources(sys.argv[1]), raise_on_error=False)
-    out = {"gates_block": GATES_BLOCK,
-           "materialised": sorted(e.asset_key.to_user_string() for e in run.get_asset_materialization_events()),
-           "checks": {e.check_name: [e.passed, e.severity.name] for e in run.get_asset_check_evaluations()},
-           "failed_steps": sorted(e.step_key for e in run.all_events if e.is_step_failure)}
-    if "section8_reading" in out["materialised"]:
-        with duckdb.connect(sys.argv[1], read_only=True) as con:
-            out["reading"] = con.execute(f"select code, row, h2, h5 from {SCHEMA}.section8_reading").fetchone()
-            out["h4_label"] = con.execute(f"select label from {SCHEMA}.posteriors where contrast = 'H4'").fetchone()[0]
-    print(json.dumps(out))
+    results = []
+    for i, case in enumerate(json.loads(sys.argv[3])):
+        CASE.clear()
+        CASE.update(case)
+        db = f"{sys.argv[1]}.{i}.duckdb"
+        with dg.instance_for_test() as instance:
+            run = dg.materialize([*standins, section8_reading, *checks], partition_key=FAMILY, instance=instance,
+                                 resources=resources(db), raise_on_error=False)
+        out = {"gates_block": GATES_BLOCK,
+               "materialised": sorted(e.asset_key.to_user_string() for e in run.get_asset_materialization_events()),
+               "checks": {e.check_name: [e.passed, e.severity.name] for e in run.get_asset_check_evaluations()},
+               "failed_steps": sorted(e.step_key for e in run.all_events if e.is_step_failure)}
+        if "section8_reading" in out["materialised"]:
+            with duckdb.connect(db, read_only=True) as con:
+                out["reading"] = con.execute(f"select code, row, h2, h5 from {SCHEMA}.section8_reading").fetchone()
+                out["h4_label"] = con.execute(
+                    f"select label from {SCHEMA}.posteriors where contrast = 'H4'").fetchone()[0]
+        results.append(out)
+    print(json.dumps(results))
 ''')
 
 
-def _confirmatory_run(tmp_path, name: str, **case) -> dict:
+def _confirmatory_runs(tmp_path, *cases: dict) -> list[dict]:
     settings_text = (PROJECT_ROOT / "data" / "protocol_settings.yaml").read_text()
     assert "  mode: pilot\n" in settings_text
     settings_file = tmp_path / "settings_confirmatory.yaml"
     settings_file.write_text(settings_text.replace("  mode: pilot\n", "  mode: confirmatory\n"))
-    home = tmp_path / name
+    home = tmp_path / "dagster_home"
     home.mkdir()
     env = {**os.environ, "FEAR_ASSETS_SETTINGS": str(settings_file), "DAGSTER_HOME": str(home)}
     family = next(iter(load_settings().families))
-    out = subprocess.run([sys.executable, "-c", _CONFIRMATORY_RUN, str(home / "store.duckdb"), family,
-                          json.dumps(case)], env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+    out = subprocess.run([sys.executable, "-c", _CONFIRMATORY_RUN, str(home / "store"), family,
+                          json.dumps(list(cases))], env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -377,14 +384,13 @@ def test_confirmatory_mode_a_failing_gate_blocks_its_downstream_and_h4s_flags_do
     H5) and the Section 8 reading still materialise, with the reading H2, H5 and the gates give."""
     converged = {"max_rhat": 1.002, "min_ess_bulk": 800.0, "min_ess_tail": 700.0, "divergences": 0.0}
     not_converged = {"max_rhat": 1.08, "min_ess_bulk": 40.0, "min_ess_tail": 30.0, "divergences": 12.0}
-    blocked = _confirmatory_run(tmp_path, "gate", gate_passes=False, control_correct=200,
-                                h4_diagnostics=converged)
+    blocked, flagged = _confirmatory_runs(
+        tmp_path, {"gate_passes": False, "control_correct": 200, "h4_diagnostics": converged},
+        {"gate_passes": True, "control_correct": 300, "h4_diagnostics": not_converged})
     assert blocked["gates_block"] is True
     assert blocked["checks"]["registration_gates"][0] is False
     assert "posteriors" not in blocked["materialised"] and "section8_reading" not in blocked["materialised"]
     assert "registration_record" in blocked["materialised"]
-    flagged = _confirmatory_run(tmp_path, "h4", gate_passes=True, control_correct=300,
-                                h4_diagnostics=not_converged)
     assert flagged["checks"]["controls_at_chance"] == [False, "WARN"]
     assert flagged["checks"]["h4_converged"] == [False, "WARN"]
     assert flagged["checks"]["posteriors_converged"][1] == "WARN"
