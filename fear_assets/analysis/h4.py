@@ -19,7 +19,9 @@ from fear_assets.analysis.data import covariate_centres, sentence_covariates
 from fear_assets.analysis.fits import diagnostics_problems
 from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, convergence, hypotheses,
                                                 posterior_draws, prepare, sample)
-from fear_assets.reading.decision import label
+from fear_assets.probes.carriage import h4_interpretable
+from fear_assets.reading.decision import ESTIMATION_ONLY, label
+from fear_assets.reading.inputs import H4_PILOT_FIELD, declared_estimation_only
 from fear_assets.settings import AGENTS, CONTENTS, depth_key
 
 
@@ -79,11 +81,37 @@ def fit_h4(data: pd.DataFrame, fears: Sequence[str], band: Sequence[int], priors
     return H4Fit(float(h4.mean()), low, high, decision.label, decision.practically_meaningful, convergence(idata), idata)
 
 
+#: H4's label when a control probe decodes away from chance (6.1: "H4 is declared uninterpretable").
+UNINTERPRETABLE = "uninterpretable"
+
+
+def h4_declared(controls: pd.DataFrame, record: Mapping) -> tuple[bool, bool]:
+    """(interpretable, estimation_only) of H4 under 6.1's two rules and 6.3's power rule.
+    Uninterpretable if any control probe, of the analysed frame set or of the pilot (the
+    record's ``h4_pilot``), has a 99% interval excluding 0.5 (6.1 says "any control probe").
+    Estimation-only if the record declares it before collection: the pilot probe above the
+    ceiling, or H4 still below its power targets (``declared_estimation_only``); read from the
+    record, never from the confirmatory probe's table (which has no ceiling column)."""
+    pilot = record.get(H4_PILOT_FIELD)
+    pilot = pilot if isinstance(pilot, Mapping) else {}
+    interpretable = (controls.empty or h4_interpretable(controls)) and pilot.get("interpretable") is not False
+    return bool(interpretable), "H4" in declared_estimation_only(record)
+
+
+def h4_label(rule_label: str, interpretable: bool, estimation_only: bool) -> str:
+    """H4's reported label: uninterpretable before estimation-only (a leaking pipeline makes
+    its interval meaningless, not merely unjudged), then the 6.2 rule's label."""
+    if not interpretable:
+        return UNINTERPRETABLE
+    return ESTIMATION_ONLY if estimation_only else rule_label
+
+
 def h4_flags(diagnostics: Mapping, convergence_rule: Mapping, interpretable: bool, estimation_only: bool,
              frame_set: str, frames: int) -> list[str]:
-    """What the reading carries with H4 (6.1): non-convergence (the label is not read), an
-    uninterpretable H4 (a control probe decodes away from chance), estimation-only (probe
-    accuracy above the ceiling) and pilot-only data (descriptive)."""
+    """What H4's row carries (6.1): non-convergence (the label is not read), an
+    uninterpretable H4 (a control probe decodes away from chance), estimation-only (declared
+    before collection) and pilot-only data (descriptive). Flags on H4 alone: 6.2, H4 never
+    changes the reading."""
     flags = []
     problems = diagnostics_problems(diagnostics, convergence_rule)
     if problems:
@@ -91,7 +119,8 @@ def h4_flags(diagnostics: Mapping, convergence_rule: Mapping, interpretable: boo
     if not interpretable:
         flags.append("H4 uninterpretable: a control probe decodes away from chance")
     if estimation_only:
-        flags.append("H4 estimation-only: probe accuracy above the ceiling at the band depths")
+        flags.append("H4 estimation-only (declared before collection: pilot probe above the ceiling, 6.1, or below "
+                     "its power targets, 6.3): reported with its interval, not judged by the rule")
     if frame_set == "pilot":
         flags.append(f"pilot frames only ({frames}): descriptive")
     return flags

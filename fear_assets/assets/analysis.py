@@ -11,7 +11,7 @@ import pandas as pd
 from fear_assets.analysis.confirmatory import Inputs, Registered, run
 from fear_assets.analysis.data import PILOT_FALLBACK_NOTE, analysed_rows
 from fear_assets.analysis.gate_c import GateCPriors
-from fear_assets.analysis.h4 import fit_h4, h4_data, h4_flags
+from fear_assets.analysis.h4 import fit_h4, h4_data, h4_declared, h4_flags, h4_label
 from fear_assets.analysis.h5_model import H5Priors
 from fear_assets.analysis.plots import delta_by_depth_plot, forest_plot, markdown_image
 from fear_assets.analysis.primary_model import Priors
@@ -22,7 +22,8 @@ from fear_assets.hashing import derived_seed, sha256_file, write_inference_data
 from fear_assets.lm.surprisal import require_same_names
 from fear_assets.modes import GATES_BLOCK
 from fear_assets.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
-from fear_assets.reading.inputs import convergence_split, estimand_flags, h4_estimand_row
+from fear_assets.reading.inputs import (apply_estimation_only, convergence_split, declared_estimation_only,
+                                       estimand_flags, h4_estimand_row)
 from fear_assets.registration.freeze import read_record
 from fear_assets.resources.protocol import ProtocolResource
 from fear_assets.settings import depth_key
@@ -58,7 +59,8 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     outputs, controls = (probe_outputs, probe_controls) if frame_set == "confirmatory" else \
         (pilot_probe_outputs, pilot_probe_controls)
     outputs = unmask(outputs, assignment_key, list(family.depth_keys), scores, read_record(protocol.registration_dir))
-    band = _record(registration_record)["depth_band"]
+    record = _record(registration_record)
+    band = record["depth_band"]
     data = h4_data(outputs, sentence_surprisal, {i: bank.item(i).group for i in outputs["item_id"].unique()},
                    settings.neutral_partner_option)
     s = settings.sampler
@@ -68,31 +70,35 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     path = Path(protocol.cache_dir).parent / "posteriors" / family_key / f"h4_{frame_set}.nc"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_inference_data(fit.idata, path)
-    ctrl = controls[controls["frame_set"] == frame_set]
-    flags = h4_flags(fit.diagnostics, settings.convergence, bool(ctrl["h4_interpretable"].iloc[0]),
-                     "h4_estimation_only" in ctrl and bool(ctrl["h4_estimation_only"].fillna(False).iloc[0]),
+    # 6.1's rules are flags on H4's row: the ceiling comes from the record (declared before
+    # collection), the control probes from the analysed frame set and the pilot.
+    interpretable, estimation_only = h4_declared(controls[controls["frame_set"] == frame_set], record)
+    flags = h4_flags(fit.diagnostics, settings.convergence, interpretable, estimation_only,
                      frame_set, data["frame"].nunique())
+    reported = h4_label(fit.label, interpretable, estimation_only)
     table = pd.DataFrame([{
         "family": family_key, "frame_set": frame_set, "hypothesis": "H4", "mean": fit.mean, "hdi_low": fit.hdi_low,
-        "hdi_high": fit.hdi_high, "label": fit.label, "practically_meaningful": fit.practically_meaningful,
+        "hdi_high": fit.hdi_high, "label": reported,
+        "practically_meaningful": fit.practically_meaningful and reported == fit.label,
         "band_depths": ",".join(depth_key(b) for b in band), "documents": len(data), **fit.diagnostics,
         "flags": "; ".join(flags), "draws_file": str(path), "draws_sha256": sha256_file(path)}])
     context.log.info(f"H4 {frame_set}: mean {fit.mean:.3f}, 99% HDI [{fit.hdi_low:.3f}, {fit.hdi_high:.3f}] "
-                     f"-> {fit.label}")
+                     f"-> {reported}")
     return dg.Output(table, metadata={
         "H4": dg.MetadataValue.md(readable_markdown(table[["frame_set", "mean", "hdi_low", "hdi_high", "label",
                                                            "max_rhat", "min_ess_bulk", "divergences", "flags"]])),
     })
 
 
-@dg.asset_check(asset=h4_posterior, blocking=GATES_BLOCK, description=(
+@dg.asset_check(asset=h4_posterior, blocking=False, description=(
     "Convergence of the H4 fit (6.1): R-hat <= 1.01, bulk and tail ESS >= 400 for the reported "
-    "contrast's parameters, no divergences (registered under 'convergence'). Blocking in "
-    "confirmatory mode; in pilot mode the label carries the failure."))
+    "contrast's parameters, no divergences (registered under 'convergence'). A warning in either "
+    "mode, never blocking: H4 does not change the reading (6.2), so a non-converged H4 is a "
+    "flag on its own row (its label not to be read), never a stop on H2, H5 or the reading."))
 def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
     bad = h4_posterior[h4_posterior["flags"].str.contains("NOT CONVERGED")]
     return dg.AssetCheckResult(
-        passed=bad.empty,
+        passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
         description="converged" if bad.empty else
         "not converged: " + " | ".join(f"{r.frame_set}: {r.flags}" for r in bad.itertuples()) +
         ". What to change: more tuning and draws, more frames (one frame cannot separate frame effects from the "
@@ -153,6 +159,8 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     result = run(inputs, fitter)
     table = pd.concat([pd.DataFrame(result.rows), pd.DataFrame([h4_estimand_row(h4_posterior.iloc[0])])],
                       ignore_index=True)
+    # 6.3: a hypothesis declared estimation-only before collection keeps its interval, not its label.
+    table = apply_estimation_only(table, declared_estimation_only(record))
     directory = Path(protocol.cache_dir).parent / "posteriors" / family_key
     directory.mkdir(parents=True, exist_ok=True)
     draws_path, primary_path = directory / "contrasts.npz", directory / "primary.nc"
@@ -190,18 +198,18 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
 
 @dg.asset_check(asset=posteriors, blocking=GATES_BLOCK, description=(
     "Convergence of every reported contrast (6.1): R-hat <= 1.01, bulk and tail ESS >= 400, "
-    "no divergences. Blocks (confirmatory mode) only on the estimands that can change the "
-    "reading: H1-H5, the gates and the controls; a secondary or sensitivity contrast that "
-    "misses the rule is a warning and a flag on the reading."))
+    "no divergences. Blocks (confirmatory mode) only on the estimands that can stop the "
+    "reading: H1-H3, H5, the gates and the controls; H4 (6.2: it never changes the reading) "
+    "and a secondary or sensitivity contrast that misses the rule are a warning and a flag."))
 def posteriors_converged(posteriors: pd.DataFrame) -> dg.AssetCheckResult:
     estimated = posteriors[(posteriors["status"] == "estimated") & posteriors["rhat"].notna()]
     blocking, flagged = convergence_split(estimated)
     listed = lambda bad: " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples())
     parts = []
     if len(blocking):
-        parts.append("not converged (H1-H5, gates, controls): " + listed(blocking) + ". " + NOT_CONVERGED_NEXT)
+        parts.append("not converged (H1-H3, H5, gates, controls): " + listed(blocking) + ". " + NOT_CONVERGED_NEXT)
     if len(flagged):
-        parts.append("secondary/sensitivity not converged (flagged, cannot change the reading): " + listed(flagged))
+        parts.append("H4/secondary/sensitivity not converged (flagged, cannot change the reading): " + listed(flagged))
     return dg.AssetCheckResult(
         passed=not parts, severity=dg.AssetCheckSeverity.ERROR if len(blocking) else dg.AssetCheckSeverity.WARN,
         description="every reported contrast converged" if not parts else " ".join(parts),

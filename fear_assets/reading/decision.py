@@ -9,8 +9,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Label = Literal["practically_equivalent", "supported", "contrary", "unresolved"]
-H5Label = Literal["practically_equivalent", "supported", "contrary", "unresolved", "not_tested"]
+H5Label = Literal["practically_equivalent", "supported", "contrary", "unresolved", "not_tested", "estimation_only"]
 LABELS: tuple[str, ...] = ("practically_equivalent", "supported", "contrary", "unresolved")
+#: A hypothesis declared estimation-only before collection (6.1 H4's ceiling; 6.3 a target
+#: still missed at 100 frames): reported with its interval, never read through the rule, so
+#: it can never enter the reading as Supported. For H5 it is D5 row 12's "estimation-only".
+ESTIMATION_ONLY = "estimation_only"
 #: A gate whose block or outcome was not scored has no label. It is not a 6.2 label, and it
 #: can neither pass nor fail: see :func:`section8_reading`.
 NOT_SCORED = "not_scored"
@@ -108,9 +112,17 @@ def section8_reading(h2: str, h5: str, gate_a: str, gate_b: str, gate_c: str, co
     row 9 ``SELF_THREAT_WEIGHT_GATES_INCONCLUSIVE``, with the qualifier naming the gate. This
     holds for gate (b) too: its Unresolved counts as a pass because the branch was run and
     merely did not decide, whereas a branch that was not scored has shown nothing. Under
-    row 8 a not-scored gate is named beside the failed one."""
-    _check("h2", h2, LABELS)
-    _check("h5", h5, (*LABELS, "not_tested"))
+    row 8 a not-scored gate is named beside the failed one.
+
+    ``h5`` may be ``estimation_only`` (declared before collection, 6.3): it never counts as
+    Supported, so with H2 Supported and the gates passing it gives row 12 (D5: "H5 Unresolved
+    or estimation-only"), and with H2 Practically equivalent row 6. ``h2`` may be
+    ``estimation_only`` too (its own 6.3 targets missed at 100 frames). Reading taken, since
+    Table 8 names no row for it: an estimation-only H2 has no label, and 6.2 gives an H2
+    without a label "no reading ... reported as inconclusive", so it reads as row 3 with the
+    qualifier saying why."""
+    _check("h2", h2, (*LABELS, ESTIMATION_ONLY))
+    _check("h5", h5, (*LABELS, "not_tested", ESTIMATION_ONLY))
     for name, gate in (("gate_a", gate_a), ("gate_b", gate_b), ("gate_c", gate_c)):
         _check(name, gate, GATE_LABELS)
     flags = (POWER_GATE_NOT_RUN,) if gates_underpowered is None else ()
@@ -130,6 +142,9 @@ def section8_reading(h2: str, h5: str, gate_a: str, gate_b: str, gate_c: str, co
         return reading(1, ("all results descriptive",))
     if binding_failed:
         return reading(2, ("H2-H5 uninterpretable",))
+    if h2 == ESTIMATION_ONLY:
+        return reading(3, ("H2 declared estimation-only before collection (6.3): reported with its interval, "
+                           "no reading",))
     if h2 == "unresolved":
         return reading(3)
     if h2 == "contrary":

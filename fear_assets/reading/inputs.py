@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from fear_assets.errors import FearAssetsError
-from fear_assets.reading.decision import NOT_SCORED
+from fear_assets.reading.decision import ESTIMATION_ONLY, NOT_SCORED
 from fear_assets.registration.gates import registered_power_result
 
 #: Estimands that can change the reading (6.2: H1-H5 are judged by the rule, the gates and
@@ -26,8 +26,13 @@ GATE_CONTRASTS = {"gate_a": "gate_a_service_relevance_H2", "gate_b": "gate_b_rec
 #: The record fields the reading reads (written by the ``registration_record`` asset).
 BINDING_FIELD = "binding_in_context"
 #: A stored power result (6.3; ``power_summary``, issue 11) puts its decisions under this key
-#: of the registration record; the reading reads ``gates_underpowered`` from it.
+#: of the registration record; the reading reads ``gates_underpowered`` and ``estimation_only``.
 POWER_FIELD = "power"
+#: The pilot probe's H4 declarations (6.1), carried by the record to H4's row (never a gate).
+H4_PILOT_FIELD = "h4_pilot"
+#: 6.2: "H1, H3 and H4 ... do not change the Section 8 reading". H4's own rules in 6.1
+#: (uninterpretable, estimation-only) are flags on its row, and so is its convergence.
+NOT_READING_CONTRASTS = ("H4",)
 
 
 def _label(by: pd.DataFrame, name: str, missing: str) -> str:
@@ -68,30 +73,66 @@ def gates_underpowered(record: Mapping[str, Any]) -> bool | None:
     return value
 
 
+def declared_estimation_only(record: Mapping[str, Any]) -> dict[str, str]:
+    """Every hypothesis declared estimation-only before collection, with why: those the
+    registered power result lists (6.3: "any hypothesis still below target is declared
+    estimation-only before collection"; a demo or incomplete result decides nothing, as for
+    ``gates_underpowered``) and H4 when the pilot probe is at the ceiling (6.1)."""
+    out: dict[str, str] = {}
+    power = record.get(POWER_FIELD)
+    if registered_power_result(power):
+        for h in power.get("estimation_only") or []:
+            out[str(h)] = "power simulation (6.3): below its targets at the registered frame count"
+    h4 = record.get(H4_PILOT_FIELD)
+    if isinstance(h4, Mapping) and h4.get("estimation_only"):
+        out["H4"] = "; ".join(filter(None, (out.get("H4"), "pilot probe above the ceiling at the band depths (6.1)")))
+    return out
+
+
+def apply_estimation_only(posteriors: pd.DataFrame, declared: Mapping[str, str]) -> pd.DataFrame:
+    """Each declared hypothesis keeps its estimate and interval but is labelled
+    ``estimation_only`` (not practically meaningful), with the declaration in its note: the
+    decision rule is not applied to it, so no later step can read it as Supported."""
+    out = posteriors.copy()
+    hit = out["contrast"].isin(list(declared)) & (out["kind"] == "confirmatory") & (out["status"] == "estimated")
+    out.loc[hit, "label"] = ESTIMATION_ONLY
+    out.loc[hit, "practically_meaningful"] = False
+    if "note" in out:
+        out.loc[hit, "note"] = [f"estimation-only, declared before collection: {declared[c]}; {n}"
+                                for c, n in zip(out.loc[hit, "contrast"], out.loc[hit, "note"].fillna(""))]
+    return out
+
+
 def reading_inputs(posteriors: pd.DataFrame, record: Mapping[str, Any]) -> dict:
     """Labels and flags of D5's table from the estimands and the record. A gate that was
     not scored is ``not_scored`` (it cannot pass; see ``section8_reading``), an H5 that was
-    not scored is ``not_tested``, controls that were not run count as not passed."""
+    not scored is ``not_tested``, controls that were not run count as not passed. A
+    hypothesis the record declares estimation-only reads ``estimation_only`` whatever its
+    posterior says (H5: D5 row 12), so the declaration holds even on an unrelabelled table."""
+    declared = declared_estimation_only(record)
     by = posteriors.set_index("contrast")
     controls = posteriors[posteriors["kind"] == "control"]
     passed = controls["control_passed"] if "control_passed" in controls else pd.Series(False, index=controls.index)
     controls_failed = bool(len(controls) == 0 or not all(v is True or v == 1 for v in passed.tolist()))
     binding = record.get(BINDING_FIELD) or {}
-    return {"h2": _label(by, "H2", "unresolved"), "h5": _label(by, "H5", "not_tested"),
+    h2 = ESTIMATION_ONLY if "H2" in declared else _label(by, "H2", "unresolved")
+    return {"h2": h2, "h5": ESTIMATION_ONLY if "H5" in declared else _label(by, "H5", "not_tested"),
             **{gate: _label(by, name, NOT_SCORED) for gate, name in GATE_CONTRASTS.items()},
             "controls_failed": controls_failed, "binding_failed": binding_in_context_failed(record),
             "gates_underpowered": gates_underpowered(record),
-            "h2_meaningful": bool(by.loc["H2", "practically_meaningful"]) if "H2" in by.index else False,
+            "h2_meaningful": bool(by.loc["H2", "practically_meaningful"]) if "H2" in by.index and h2 != ESTIMATION_ONLY
+            else False,
             "in_context": f"{binding.get('correct', '?')}/{binding.get('documents', '?')}"}
 
 
 def convergence_split(posteriors: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Estimated rows that miss the convergence rule (6.1), split into those that can change
-    the reading (H1-H5, gates, controls: their labels must not be read) and the secondary
-    and sensitivity rows (flagged, reported, never a reason to stop)."""
+    """Estimated rows that miss the convergence rule (6.1), split into those that can stop
+    the reading (H1-H3, H5, gates, controls: their labels must not be read) and the rest:
+    H4 (6.2: it never changes the reading), secondary and sensitivity rows (flagged,
+    reported, never a reason to stop)."""
     estimated = posteriors[posteriors["status"] == "estimated"]
     bad = estimated[estimated["convergence_problems"].fillna("") != ""]
-    reading = bad["kind"].isin(READING_KINDS)
+    reading = bad["kind"].isin(READING_KINDS) & ~bad["contrast"].isin(NOT_READING_CONTRASTS)
     return bad[reading], bad[~reading]
 
 
@@ -165,8 +206,12 @@ def reading_flags(reading, args: Mapping[str, Any], posteriors: pd.DataFrame) ->
     if len(not_converged):
         flags.append("NOT CONVERGED: " + ", ".join(not_converged["contrast"]) + " (labels not to be read)")
     if len(secondary_not_converged):
-        flags.append("secondary/sensitivity not converged (cannot change the reading): "
+        flags.append("H4/secondary/sensitivity not converged (cannot change the reading): "
                      + ", ".join(secondary_not_converged["contrast"]))
+    declared = posteriors[(posteriors["kind"] == "confirmatory") & (posteriors["label"] == ESTIMATION_ONLY)]
+    if len(declared):
+        flags.append("estimation-only, declared before collection (interval reported, no label): "
+                     + ", ".join(declared["contrast"]))
     not_scored = posteriors[posteriors["status"].isin(["not_scored", "not_available"]) &
                             posteriors["kind"].isin(READING_KINDS)]
     if len(not_scored):

@@ -17,6 +17,7 @@ from fear_assets.errors import FreezeError
 from fear_assets.hashing import sha256_file
 from fear_assets.pilot.depth_rules import stored_band
 from fear_assets.registration.gates import deviations, registered_power_result, registration_status
+from fear_assets.registration.pilot_gates import h4_pilot_declarations
 
 #: Where the supplementary note is looked for when the record asset's run config names none
 #: (a path is an input the user provides, not a registered setting).
@@ -67,7 +68,7 @@ def pilot_sigmas(pilot_controls: pd.DataFrame) -> dict[str, float | None]:
 def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: list[str], frames: list[str],
                    replacements: Mapping[str, str], pilot_depths: pd.DataFrame, pilot_controls: pd.DataFrame,
                    gates: Mapping[str, Mapping], binding_in_context: Mapping | None, power: Mapping | None,
-                   note: Mapping[str, Any]) -> dict:
+                   note: Mapping[str, Any], probe_controls: pd.DataFrame) -> dict:
     """The registration record of one family (Appendix C step 4): "frozen hashes (bank,
     settings, model manifest, analysis code) and supplementary note hash", the selected names
     and frames, the depth band and H5 depth, the pilot sigmas for gate (c), every gate's
@@ -88,6 +89,7 @@ def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: 
         "band_rule": str(p0["band_rule"]), "h5_depth": int(p0["h5_depth"]), "h5_rule": str(p0["h5_rule"]),
         **pilot_sigmas(pilot_controls),
         "gates": dict(gates), "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,
+        "h4_pilot": h4_pilot_declarations(probe_controls),  # 6.1: carried to H4's row, never a gate
         "not_run": [] if registered_power_result(power) else
                    ["power simulation (6.3, Appendix C step 3): no registered power result (none stored, "
                     "a reduced demo, or incomplete)"],

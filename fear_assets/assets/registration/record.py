@@ -57,7 +57,8 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
     record = compose_record(settings, family_key, hashes, selected_names(name_gate), frames, replacements,
-                            pilot_depths, pilot_controls, gates, binding_in_context, power, note)
+                            pilot_depths, pilot_controls, gates, binding_in_context, power, note,
+                            pilot_probe_controls)
     band = record["depth_band"]
     path = write_family_record(protocol.registration_dir, record, settings.mode == "confirmatory")
     table = gates_table(gates, family_key).assign(record_json=json.dumps(record, sort_keys=True), record_path=str(path))
