@@ -273,3 +273,12 @@ def test_dagster_started_from_another_directory_uses_the_projects_instance(tmp_p
     assert seen["RUN"][0] in runs_at_home()  # and what it recorded went there too
     assert list(elsewhere.iterdir()) == [], sorted(p.name for p in elsewhere.rglob("*"))[:10]
     assert (home / ".dagster" / "storage").is_dir()
+
+
+def test_a_relative_instance_path_without_dagster_home_is_a_named_error(tmp_path):
+    from fear_assets.instance import DagsterHomeError, under_dagster_home
+
+    assert under_dagster_home(".dagster/storage", {"DAGSTER_HOME": str(tmp_path)}) == str(tmp_path / ".dagster/storage")
+    assert under_dagster_home("/abs/storage", {}) == "/abs/storage"
+    with pytest.raises(DagsterHomeError, match="DAGSTER_HOME, which is not set. Fix: set DAGSTER_HOME"):
+        under_dagster_home(".dagster/storage", {})
