@@ -338,14 +338,33 @@ def _branches(path: Path, spec: Mapping[str, Any], where: str) -> dict[str, tupl
     return out
 
 
+def _depth_tokens_rule_broken(depths: list) -> tuple[str, str] | None:
+    """(problem, fix) for the first rule a depth list breaks, each rule checked on its own, so the
+    message names the rule actually broken (a negative count is not "not increasing")."""
+    if not depths:
+        return f"{depths!r} is empty", "list at least one depth in tokens (D1)"
+    wrong_type = [d for d in depths if not isinstance(d, int) or isinstance(d, bool)]
+    if wrong_type:
+        return (f"{wrong_type[0]!r} in {depths!r} is not an integer token count",
+                "write each depth as a whole number of tokens, e.g. 128 (D1)")
+    negative = [d for d in depths if d < 0]
+    if negative:
+        return (f"{negative[0]!r} in {depths!r} is negative; a depth is a count of tokens (0 or more)",
+                "list non-negative token counts, e.g. 0 for no filler (D1)")
+    for before, after in zip(depths, depths[1:]):
+        if after <= before:
+            rule = "repeated" if after == before else "not strictly increasing"
+            return (f"{depths!r} is {rule}: {after!r} follows {before!r}",
+                    "list the depths in tokens, ascending, without repeats (D1)")
+    return None
+
+
 def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     where = f"families.{key}"
     depths = _need(path, spec, "depth_tokens", where, list)
-    if not depths or any(not isinstance(d, int) or d < 0 for d in depths) or depths != sorted(set(depths)):
-        raise SettingsError(
-            path, where, "depth_tokens", f"{depths!r} is not a strictly increasing list of token counts",
-            "list the depths in tokens, ascending, without repeats (D1)",
-        )
+    broken = _depth_tokens_rule_broken(depths)
+    if broken:
+        raise SettingsError(path, where, "depth_tokens", *broken)
     reduced = spec.get("reduced_design")
     reduced_design = None
     if reduced is not None:

@@ -22,6 +22,7 @@ import pickle
 import shutil
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +37,9 @@ PARTITIONS = dg.StaticPartitionsDefinition([PARTITION])
 class FaultScoringConfig(dg.Config):
     generation: str = "new"
     keep_chunks: bool = False
+    # wait pause_s after chunk pause_after_chunk is written: a test's kill lands mid-partition (issue 27)
+    pause_after_chunk: int = -1
+    pause_s: float = 0.0
 
 
 def tiny_model(vocab_size: int):
@@ -68,10 +72,11 @@ def write_job(path: Path, rows: pd.DataFrame, requests: list, tokenizer, max_new
     return path
 
 
-def build_defs(job: str | Path, db: str | Path, chunks: str | Path) -> dg.Definitions:
+def build_defs(job: str | Path, db: str | Path, chunks: str | Path, pool: str | None = None) -> dg.Definitions:
+    """``pool="gpu"`` puts the step in the model pool, as the project's scoring assets are."""
     from fear_assets.resources.store import store_io_manager
 
-    @dg.asset(partitions_def=PARTITIONS, metadata={"partition_expr": "fault_partition"})
+    @dg.asset(partitions_def=PARTITIONS, metadata={"partition_expr": "fault_partition"}, pool=pool)
     def fault_scores(context: dg.AssetExecutionContext, config: FaultScoringConfig):
         from fear_assets.lm.engine import TeacherForcedEngine
         from fear_assets.lm.resumable import dagster_progress, score_resumably, scoring_salt
@@ -88,6 +93,8 @@ def build_defs(job: str | Path, db: str | Path, chunks: str | Path) -> dg.Defini
 
             def announce(chunk, path):
                 print(f"FAULT-CHUNK {chunk.index}", flush=True)
+                if chunk.index == config.pause_after_chunk:
+                    time.sleep(config.pause_s)
 
             run = score_resumably(payload["requests"], lambda reqs, _: score_requests(engine, tokenizer, reqs, settings),
                                   chunks, scoring_salt(model="tiny-random-llama-seed-0", config=vars(settings)),

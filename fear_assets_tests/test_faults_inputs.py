@@ -286,3 +286,53 @@ def test_unmasking_before_scoring_is_locked_is_refused():
         refused += 1
     assert "agent" in unmask(table, key, ["d1"], scored(["d1"]), frozen).columns  # locked: it runs
     record("unmasking before scoring is locked", len(attempts), refused)
+
+
+# --- bad input that names the real problem (issue 27, item 6) ---------------------------------
+
+
+def test_a_non_utf8_byte_in_a_bank_file_names_the_file_the_offset_and_the_encoding_fix(settings, bank_copy):
+    from fear_assets.errors import BankError
+
+    frames = bank_copy / "frames" / "termination.yaml"
+    raw = frames.read_bytes()
+    # A Latin-1 'é' (0xe9, what a Windows editor writes for "café") spliced into a sentence.
+    at = raw.index(b"at the end of")
+    frames.write_bytes(raw[:at] + b"caf\xe9 " + raw[at:])
+    with pytest.raises(BankError) as err:
+        load_bank(bank_copy, settings)
+    message = str(err.value)
+    named = (str(frames) in message and f"byte offset {at + 3}" in message and "0xe9" in message
+             and "re-save the file as UTF-8" in message and "keys and value types" not in message)
+    record("non-UTF-8 byte in a bank file", 1, int(named))
+    assert str(frames) in message, message
+    assert f"byte offset {at + 3}" in message and "0xe9" in message, message
+    assert "re-save the file as UTF-8" in err.value.fix, message
+    assert "keys and value types" not in message and "wrong type or shape" not in message, message
+
+
+@pytest.mark.parametrize("depths, rule", [
+    ([-128, 0], "negative"),             # strictly increasing, but not a token count
+    ([0, 128.5], "not an integer"),      # increasing and non-negative, but not whole tokens
+    ([0, True], "not an integer"),       # an unquoted `yes`: a bool, not a count
+    ([0, 512, 256], "not strictly increasing"),
+    ([0, 256, 256], "repeated"),
+    ([], "empty"),
+])
+def test_a_bad_depth_list_names_the_rule_it_breaks(tmp_path, depths, rule):
+    from fear_assets.errors import SettingsError
+
+    raw = yaml.safe_load(SETTINGS_TEXT)
+    family = next(iter(raw["families"]))
+    raw["families"][family]["depth_tokens"] = depths
+    path = tmp_path / "protocol_settings.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    # Only the broken rule is named: a list that is increasing is never called "not increasing".
+    other_rules = {"negative", "not an integer", "not strictly increasing", "repeated", "empty"} - {rule}
+    misnamed = [r for r in other_rules if r in err.value.problem]
+    record("depth_tokens list breaking one rule", 1, int(rule in err.value.problem and not misnamed))
+    assert err.value.field == "depth_tokens" and str(path) in str(err.value)
+    assert rule in err.value.problem, err.value.problem
+    assert not misnamed, err.value.problem

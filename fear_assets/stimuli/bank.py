@@ -329,6 +329,13 @@ def _parse_event(chk: _Checker, data: Mapping[str, Any], number: int, group: str
 def _load_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        # Caught here, before the load boundary would call it a value of the wrong shape: the
+        # file's bytes are the problem, and the fix is the file's encoding, not its keys.
+        raise BankError(path, "<file>", "<encoding>", f"byte 0x{exc.object[exc.start]:02x} at byte offset "
+                        f"{exc.start} is not UTF-8 ({exc.reason})",
+                        "re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`, or your editor's encoding menu)"
+                        ) from exc
     except yaml.YAMLError as exc:
         raise BankError(path, "<file>", "<yaml>", f"not valid YAML ({exc})", "fix the YAML syntax at the reported line") from exc
 

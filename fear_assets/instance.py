@@ -1,0 +1,59 @@
+"""The project's Dagster instance storage, with its paths taken from ``$DAGSTER_HOME``.
+
+Dagster's own SQLite storage, artifact storage and compute-log manager open a relative
+``base_dir`` from the current directory, and ``dagster.yaml``'s values are literal strings (a
+``{env: ...}`` value replaces a whole path and cannot append ``.dagster/storage``). So Dagster
+code started from another directory with ``DAGSTER_HOME`` set silently made an empty instance in
+that directory (issue 27). These subclasses change one thing: a relative ``base_dir`` is taken
+from ``$DAGSTER_HOME`` (where Dagster read ``dagster.yaml``), so every process (webserver,
+daemon, code servers, run workers, scripts) opens the same ``.dagster/`` wherever it starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+from dagster._core.storage.root import LocalArtifactStorage
+from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
+
+
+class DagsterHomeError(ValueError):
+    """A relative instance path with no ``$DAGSTER_HOME`` to anchor it."""
+
+
+def under_dagster_home(base_dir: str, environ: os._Environ | dict | None = None) -> str:
+    """``base_dir`` as an absolute path: unchanged if absolute, else joined to ``$DAGSTER_HOME``."""
+    if os.path.isabs(base_dir):
+        return base_dir
+    home = (os.environ if environ is None else environ).get("DAGSTER_HOME")
+    if not home:
+        raise DagsterHomeError(
+            f"dagster.yaml: base_dir {base_dir!r} is relative to DAGSTER_HOME, which is not set. "
+            "Fix: set DAGSTER_HOME to the project root (scripts/fear does), or write an absolute base_dir")
+    return str(Path(home).expanduser().resolve() / base_dir)
+
+
+class ProjectSqliteStorage(DagsterSqliteStorage):
+    """Dagster's SQLite run, event-log and schedule storage under ``$DAGSTER_HOME/<base_dir>``."""
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+        return cls.from_local(inst_data=inst_data, base_dir=under_dagster_home(config_value["base_dir"]))
+
+
+class ProjectArtifactStorage(LocalArtifactStorage):
+    """Dagster's local artifact storage under ``$DAGSTER_HOME/<base_dir>``."""
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+        return cls(inst_data=inst_data, **{**config_value, "base_dir": under_dagster_home(config_value["base_dir"])})
+
+
+class ProjectComputeLogManager(LocalComputeLogManager):
+    """Dagster's local compute-log manager under ``$DAGSTER_HOME/<base_dir>``."""
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+        return cls(inst_data=inst_data, **{**config_value, "base_dir": under_dagster_home(config_value["base_dir"])})
