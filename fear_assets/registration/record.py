@@ -37,6 +37,7 @@ CODE_NOT_HASHED = {
     "deploy.py": "Kubernetes tags for GPU steps (inert on one machine)",
     "main.py": "runs the stage jobs in order and prints their metadata",
     "errors.py": "exception classes and message formatting; where an error is raised is decided elsewhere",
+    "instance.py": "Dagster instance storage classes (where run state and logs live under DAGSTER_HOME)",
 }
 #: Fields that are frozen at registration and compared on every later run. The pilot sigmas
 #: are frozen because 6.2 inserts "only the value of sigma ... at registration"; the
