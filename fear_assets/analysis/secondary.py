@@ -53,24 +53,44 @@ def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence
 
 
 def mediation_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence[str], level: float) -> list[dict]:
+    """5: mediation of H2 by attention mass and H2 with minus without the surprisal
+    covariates, each with its frame-clustered ``level`` interval (``mediation``). Each row
+    says its status: ``descriptive`` (estimated with its interval), ``not_available`` (no
+    attention mass recorded) or ``not_estimable`` (the design cannot give the interval, e.g.
+    a single frame), never a number without interval and never a hidden failure."""
+    from fear_assets.analysis.mediation import NotEstimable
+
     levels = levels_of(primary, fears)
     data = primary.assign(delta=primary["outcome"])
     present = list(band)  # a missing band depth is an error (check_band), not a smaller band
+    out = []
     try:
         med = attention_mediation(data, levels, present, level)
+    except NotEstimable as exc:
+        out.append(_row("H2_mediation_attention", "not_estimable", f"not estimated: {exc}"))
+    else:
+        if not med["attention_recorded"]:
+            out.append(_row("H2_mediation_attention", "not_available", med["note"]))
+        else:
+            ci = med["indirect_interval"]
+            out.append(_row("H2_mediation_attention", "descriptive",
+                            f"indirect effect (total minus direct) with its {level:.0%} frame-clustered interval; "
+                            f"OLS with frame-clustered SEs; total {med['total']['estimate']:.3f}, direct "
+                            f"{med['direct']['estimate']:.3f}, proportion mediated {med['proportion_mediated']:.3f}. "
+                            f"{med['note']}", mean=float(med["indirect"]), hdi_low=ci["ci_low"],
+                            hdi_high=ci["ci_high"]))
+    try:
         cov = h2_with_without_covariates(data, levels, present, level)
-    except Exception as exc:  # noqa: BLE001 - e.g. one cluster at pilot size: reported as a row, never hidden
-        return [_row("H2_mediation_attention", "failed", f"not estimable here ({type(exc).__name__}: {exc})")]
-    return [
-        _row("H2_mediation_attention", "descriptive",
-             f"OLS with frame-clustered SEs; total {med['total']['estimate']:.3f}, direct "
-             f"{med['direct']['estimate']:.3f}, proportion mediated {med['proportion_mediated']:.3f}. {med['note']}",
-             mean=float(med["indirect"])),
-        _row("H2_without_surprisal_covariates", "descriptive",
-             f"OLS: H2 with the covariates {cov['with_covariates']['estimate']:.3f}, without "
-             f"{cov['without_covariates']['estimate']:.3f} (mean = with minus without). {cov['note']}",
-             mean=float(cov["difference"])),
-    ]
+    except NotEstimable as exc:
+        out.append(_row("H2_without_surprisal_covariates", "not_estimable", f"not estimated: {exc}"))
+    else:
+        ci = cov["difference_interval"]
+        out.append(_row("H2_without_surprisal_covariates", "descriptive",
+                        f"OLS: H2 with the covariates {cov['with_covariates']['estimate']:.3f}, without "
+                        f"{cov['without_covariates']['estimate']:.3f} (mean = with minus without, its {level:.0%} "
+                        f"frame-clustered interval). {cov['note']}", mean=float(cov["difference"]),
+                        hdi_low=ci["ci_low"], hdi_high=ci["ci_high"]))
+    return out
 
 
 def exclusion_rows(scores: pd.DataFrame, flag_rate: float) -> tuple[list[dict], pd.DataFrame]:
