@@ -348,3 +348,30 @@ def test_base_vs_assistant_uses_frames_passing_under_both_and_the_base_covariate
     base_checkpoint(Inputs(**{**inputs.__dict__, "base_surprisal": None}), None, block, table, None, None,
                     table("primary"), out)
     assert {r["status"] for r in out.rows} == {"not_available"} and len(out.rows) == 2
+
+
+@pytest.mark.slow  # two compilations (the primary and the per-block-sigma joint model)
+def test_base_minus_assistant_is_paired_with_its_own_residual_scale(settings):
+    """The base-against-assistant difference: the same paired fit, each checkpoint with its
+    own residual scale (the base block's residual noise doubled here). Its 99% interval covers
+    the true difference (zero) and is narrower than the unpaired difference's."""
+    import arviz as az
+
+    from fear_assets.analysis.fits import fit_cells
+    from fear_assets.analysis.primary_model import Fitter, Priors, hypotheses
+    from fear_assets.analysis.secondary import paired_h2_difference
+    from fear_assets_tests.test_secondary import BAND, LEVELS
+
+    blocks = _shared_frame_h2(8, 2, 0.3, 0.5)
+    rng = np.random.default_rng(9)
+    base = blocks["role_play"].assign(outcome=lambda t: t["outcome"] + rng.normal(0, 0.15, len(t)))
+    fitter = Fitter(Priors.from_settings(settings), draws=400, tune=400, chains=2)
+    paired = paired_h2_difference(fitter, "base", base, blocks["default"], LEVELS["fear"], BAND, seed=21,
+                                  per_block_sigma=True)
+    fits = {name: fit_cells(fitter, t, LEVELS["fear"], BAND, 22 + i, name)
+            for i, (name, t) in enumerate((("base", base), ("default", blocks["default"])))}
+    unpaired = hypotheses(fits["base"].mu)["H2"] - hypotheses(fits["default"].mu)["H2"]
+    (p_low, p_high), (u_low, u_high) = (az.hdi(x, hdi_prob=0.99) for x in (paired.draws, unpaired))
+    print(f"paired 99% HDI [{p_low:.3f}, {p_high:.3f}], unpaired [{u_low:.3f}, {u_high:.3f}]")
+    assert p_low < 0.0 < p_high, (p_low, p_high)
+    assert (p_high - p_low) < 0.7 * (u_high - u_low), ((p_low, p_high), (u_low, u_high))
