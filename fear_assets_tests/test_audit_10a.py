@@ -311,9 +311,14 @@ def test_audit_missing_secondaries_generated_reports_and_recall(bank):
         agent_text = f"The notice says someone will be {verb} on {item.content_options[0]}."
         # self-threat answers mention the agent item; every other answer mentions the partner.
         text = agent_text if (agent, content) == ("self", "threat") else partner
-        rows.append({"item_id": "TER-01", "agent": agent, "content": content, "option": 1, "generated_text": text})
-    out = {r["contrast"]: r for r in generated_report_rows(pd.DataFrame(rows), bank, 1)}
-    assert set(out) == {"H1_generated_report", "H2_generated_report", "H3_generated_report"}
+        rows.append({"trial_id": f"t-{agent}-{content}", "item_id": "TER-01", "agent": agent, "content": content,
+                     "option": 1, "generated_text": text})
+    # 4.5's resolved outcome of each side (report_scoring's table), as the keyword rule reads these texts.
+    reports = pd.DataFrame([{"trial_id": r["trial_id"], "side": side,
+                             "category": "mention" if (side == "agent") == (r["generated_text"] != partner) else "no_mention"}
+                            for r in rows for side in ("agent", "partner")])
+    out = {r["contrast"]: r for r in generated_report_rows(pd.DataFrame(rows), reports)}
+    assert set(out) == {"H1_generated_report", "H2_generated_report", "H3_generated_report", "refusals_generated_report"}
     # agent minus neutral: self-threat +1, every other cell -1.
     assert out["H2_generated_report"]["mean"] == pytest.approx((1 - -1) - 0)
     assert out["H1_generated_report"]["mean"] == pytest.approx(2 / 3)

@@ -418,7 +418,8 @@ def test_pilot_estimates_of_h4_and_h5_from_their_fits(settings):
     with pytest.raises(ValueError, match="document"):
         models.h4_pilot_estimates(az.from_dict(posterior=post), design.data)
     h5post = {"criterion_intercept": 0.1 * ones(), "criterion_beta": 0.2 * ones(6), "criterion_frame_sd": 0.3 * ones(),
-              "dprime": np.broadcast_to(np.arange(6.0), (2, n, 6)).copy(), "dprime_frame_chol_stds": 0.4 * ones(6)}
+              "dprime": np.broadcast_to(np.arange(6.0), (2, n, 6)).copy(), "dprime_frame_chol_stds": 0.4 * ones(6),
+              "dprime_frame_chol_corr": np.broadcast_to(np.eye(6), (2, n, 6, 6)).copy()}
     h5 = models.h5_estimates(az.from_dict(posterior=h5post))
     assert (h5.criterion_intercept, h5.position, h5.criterion_frame_sd, h5.dprime) == pytest.approx((0.1, 0.2, 0.3, 2.5))
     scores = design.table.assign(fc_choice=[1, 2, 0] * (design.rows // 3), content_option=design.table["option"],

@@ -65,6 +65,11 @@ class Inputs:
     log: Callable[[str], None] = print
     # Gate (c): the judge's own document-independent sentence surprisal (its covariates).
     judge_surprisal: pd.DataFrame | None = None
+    # 4.5: the generated reports' resolved outcomes (report_scoring's table); None: not scored.
+    reports: pd.DataFrame | None = None
+    # 4.3: the base checkpoint's own sentence surprisal and the registered matching tolerance.
+    base_surprisal: pd.DataFrame | None = None
+    matching_tolerance: float | None = None
 
 
 @dataclass
@@ -152,21 +157,27 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
           f"fixed effects Normal(0, {reg.sensitivity_sd:g}) instead of the registered prior", fixed_sd=reg.sensitivity_sd)
 
     # -- gate (a): service relevance; role-play; base checkpoint --------------------------
-    for name, blk, kind, note in (("gate_a_service_relevance_H2", "service_relevance", "gate",
-                                   "H2 in the service-relevance condition (gate a)"),
-                                  ("H2_role_play", "role_play", "secondary", "H2 with the role-play prompt"),
-                                  ("H2_base_checkpoint", "base_checkpoint", "secondary", "H2 under the base checkpoint")):
-        data = table(blk)
-        if data.empty:
-            out.rows.append(_missing(name, kind, "not_scored", f"block {inputs.prefix}{blk} not scored in this design"))
-            continue
-        row = refit(name, data, kind, note)
-        if name == "H2_role_play" and row is not None:
-            add("H2_role_play_minus_default", "secondary", out.draws[name] - out.draws["H2"], pfit,
-                note="role-play minus default H2 (independent fits)")
-        if name == "H2_base_checkpoint" and row is not None:
-            add("H2_base_vs_assistant", "secondary", out.draws[name] - out.draws["H2"], pfit,
-                note="base minus assistant H2 (independent fits)")
+    from fear_assets.analysis import secondary
+
+    data = table("service_relevance")
+    if data.empty:
+        out.rows.append(_missing("gate_a_service_relevance_H2", "gate", "not_scored",
+                                 f"block {inputs.prefix}service_relevance not scored in this design"))
+    else:
+        refit("gate_a_service_relevance_H2", data, "gate", "H2 in the service-relevance condition (gate a)")
+    role_play = table("role_play")
+    if role_play.empty:
+        for name in ("H2_role_play", "H2_role_play_minus_default"):
+            out.rows.append(_missing(name, "secondary", "not_scored", f"block {inputs.prefix}role_play not scored in "
+                                     "this design"))
+    else:
+        refit("H2_role_play", role_play, "secondary", "H2 with the role-play prompt")
+        # 4.8: the difference in H2 between role-play and default prompts, paired by frame (one joint fit).
+        paired = secondary.paired_h2_difference(fitter, "role_play", role_play, primary, inputs.fears, inputs.band,
+                                                inputs.seed("H2_role_play_minus_default"), per_block_sigma=False)
+        add("H2_role_play_minus_default", "secondary", paired.draws, paired,
+            note="role-play minus default H2, one joint fit with the matched default cells (frame effects shared)")
+    base_checkpoint(inputs, fitter, block, table, refit, add, primary, out)
 
     # -- gate (c): the joint model of the tested model and the foreign judge -------------
     judge = table("judge", surprisal=inputs.judge_surprisal) if inputs.judge_surprisal is not None else block("judge")
@@ -183,8 +194,6 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
     controls(inputs, fitter, table, pfit, out, add)
 
     # -- secondary and sensitivity estimands that are not refits ----------------------------
-    from fear_assets.analysis import secondary
-
     bayes = {r["contrast"]: r["label"] for r in out.rows if r["contrast"] in ("H1", "H2", "H3")}
     out.rows += secondary.frequentist_rows(primary, inputs.fears, inputs.band, reg.hdi_prob, reg.sesoi, bayes)
     out.rows += secondary.mediation_rows(primary, inputs.fears, inputs.band, reg.hdi_prob)
@@ -205,10 +214,47 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         phrases = {fear: sorted({f.verb("assistant", "threat") for s in ("pilot", "confirmatory", "reserve")
                                  for f in inputs.bank.frames_of(fear, s)}) for fear in inputs.fears}
         out.rows += secondary.five_fear_rows(primary, inputs.fears, inputs.topic_counts_path, phrases)
-        out.rows += secondary.generated_report_rows(primary, inputs.bank, inputs.neutral_option)
+    out.rows += secondary.generated_report_rows(primary, inputs.reports)  # 4.5's resolved outcome
     # 4.8: excluded trials enter no estimand (the class means and the protective choice included).
     out.rows += secondary.class_rows(kept(scores), inputs.prefix, reg.hdi_prob, reg.sesoi)
     return out
+
+
+def base_checkpoint(inputs: Inputs, fitter: Fitter, block, table, refit, add, primary: pd.DataFrame,
+                    out: Result) -> None:
+    """5's base checkpoint rows: H2 under the base checkpoint (its own fit, every frame, the
+    base checkpoint's own surprisal covariates), and the base-against-assistant difference
+    in H2, one joint fit of the two checkpoints' trials on the frames that pass matching
+    under both (4.3), each block with its own checkpoint's covariates and residual scale."""
+    from fear_assets.analysis import secondary
+
+    names = ("H2_base_checkpoint", "H2_base_vs_assistant")
+    if block("base_checkpoint").empty:
+        for name in names:
+            out.rows.append(_missing(name, "secondary", "not_scored",
+                                     f"block {inputs.prefix}base_checkpoint not scored in this design"))
+        return
+    if inputs.base_surprisal is None or inputs.matching_tolerance is None:
+        for name in names:
+            out.rows.append(_missing(name, "secondary", "not_available",
+                                     "the base checkpoint's own sentence surprisal is not available (materialise "
+                                     "base_sentence_surprisal): its covariates and matching cannot be the tested "
+                                     "checkpoint's"))
+        return
+    base = table("base_checkpoint", surprisal=inputs.base_surprisal)
+    refit("H2_base_checkpoint", base, "secondary", "H2 under the base checkpoint (its own surprisal covariates)")
+    both, default = secondary.base_comparison_rows(base, primary, inputs.surprisal, inputs.base_surprisal,
+                                                   inputs.matching_tolerance)
+    if both.empty:
+        out.rows.append(_missing("H2_base_vs_assistant", "secondary", "not_available",
+                                 "no analysed frame passes matching under both checkpoints (4.3)"))
+        return
+    paired = secondary.paired_h2_difference(fitter, "base", both, default, inputs.fears, inputs.band,
+                                            inputs.seed("H2_base_vs_assistant"), per_block_sigma=True)
+    n_frames = both["frame"].nunique()
+    add("H2_base_vs_assistant", "secondary", paired.draws, paired,
+        note=f"base minus assistant H2, one joint fit on the {n_frames} of {base['frame'].nunique()} frame(s) passing "
+             "matching under both checkpoints (4.3), each checkpoint with its own covariates and residual scale")
 
 
 def delta_by_depth(fit: Fit, inputs: Inputs) -> pd.DataFrame:

@@ -31,7 +31,16 @@ _SENTENCE_KEYS = ["item_id", "rotation", "agent", "content", "option"]
 def sentence_covariates(surprisal: pd.DataFrame, neutral_option: int) -> pd.DataFrame:
     """One row per agent sentence of the surprisal table: its keys and the two raw covariates
     (surprisal_name = name-token NLL; surprisal_rest = rest NLL minus the neutral partner's
-    rest NLL under the same frame and rotation)."""
+    rest NLL under the same frame and rotation).
+
+    Reading taken of 6.1's "document-independent surprisal differences (name token and rest
+    of sentence)": the rest-of-sentence covariate is a difference within the document (the
+    agent sentence minus its competitor, the neutral partner); the name-token covariate is
+    the agent sentence's name-token NLL, and its difference is from the bank mean, which
+    ``model_table`` subtracts (D3b). The partner has no agent name, so there is no in-document
+    name token to subtract, and a difference from another agent's name would bring in a
+    sentence that is not in the document; the protocol names the name token apart from the
+    rest because it is scored apart (4.3), not because it has a partner of its own."""
     missing = [c for c in (*_SENTENCE_KEYS, "name_nll", "rest_nll") if c not in surprisal.columns]
     if missing:
         raise ValueError(f"the surprisal table lacks {missing}: pass the sentence_surprisal asset's table")

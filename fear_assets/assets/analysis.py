@@ -122,7 +122,8 @@ def _registered(settings) -> Registered:
 def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, confirmatory_scores: pd.DataFrame,
                pilot_scores: pd.DataFrame, assignment_key: pd.DataFrame, sentence_surprisal: pd.DataFrame,
                judge_sentence_surprisal: pd.DataFrame, registration_record: pd.DataFrame,
-               pilot_controls: pd.DataFrame, h4_posterior: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+               pilot_controls: pd.DataFrame, h4_posterior: pd.DataFrame, base_sentence_surprisal: pd.DataFrame,
+               report_scoring: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Every registered estimand of one configuration (5, 6.1-6.2; D3, D4): H1-H3 as
     band-averaged posterior contrasts of the primary model (Student-t, sum-to-zero fixed
     effects, LKJ(2) frame slopes, unit intercepts; nutpie), H5 from the hierarchical probit
@@ -155,7 +156,9 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
         bank=bank, topic_counts_path=Path(protocol.cache_dir).parent / "topic_counts.csv",
         pilot_controls=pilot_controls, h5_priors=H5Priors.from_settings(settings),
         gate_c_priors=GateCPriors.from_settings(settings), log=context.log.info,
-        judge_surprisal=judge_sentence_surprisal if len(judge_sentence_surprisal) else None)
+        judge_surprisal=judge_sentence_surprisal if len(judge_sentence_surprisal) else None,
+        base_surprisal=base_sentence_surprisal if len(base_sentence_surprisal) else None,
+        matching_tolerance=settings.matching.max_abs_difference, reports=report_scoring)
     result = run(inputs, fitter)
     table = pd.concat([pd.DataFrame(result.rows), pd.DataFrame([h4_estimand_row(h4_posterior.iloc[0])])],
                       ignore_index=True)

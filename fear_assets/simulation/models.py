@@ -25,7 +25,9 @@ and contrast (no second copy of any model):
 - H5 (6.1): the hierarchical probit at the H5 depth (``h5_model.build_h5_model``): forced
   choices of the six cells plus the content-removed trials (criterion only), d' of every cell
   at the pilot's mean d' with d'(self, threat) - d'(self, harmless) = the scenario's size,
-  per-frame d' deviations with the pilot SDs x the inflation. The H5 model has no data
+  per-frame d' deviations with the pilot SDs x the inflation and the pilot's correlations, and
+  a criterion with the pilot's position and cell effects (the pilot fit itself reads the
+  pilot's content-removed trials, which are what inform the criterion). The H5 model has no data
   containers, so it compiles per dataset (said in the benchmark).
 
 A block whose pilot estimates are absent (``PilotEstimates.h4``/``h5`` None) is not simulated
@@ -49,32 +51,64 @@ from fear_assets.simulation.generator import (PilotEstimates, agent_effects, dra
 
 @dataclass(frozen=True)
 class H5Estimates:
-    """Posterior means of a pilot H5 fit (the probit's parameters)."""
+    """Posterior means of a pilot H5 fit (the probit's parameters), every one of them the
+    pilot's (6.3: "all fixed effects and variance components at their pilot estimates")."""
 
     criterion_intercept: float
     position: float  # criterion effect of option 1 listed first (sum-coded column)
     criterion_frame_sd: float
     dprime: float  # mean d' over the cells: every cell's value before the scenario's H5
     dprime_frame_sd: tuple[float, ...]  # per cell, before inflation
+    #: The criterion's sum-coded cell effects (``prepare_h5``'s cell columns, the last cell
+    #: implied). Empty: an estimate stored before they were recorded, read as zero effects.
+    criterion_cells: tuple[float, ...] = ()
+    #: Correlations of the per-frame d' deviations across cells (the fit's LKJ correlations).
+    #: Empty: an estimate stored before they were recorded, read as independent deviations.
+    dprime_frame_corr: tuple[tuple[float, ...], ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "H5Estimates":
         return cls(float(d["criterion_intercept"]), float(d["position"]), float(d["criterion_frame_sd"]),
-                   float(d["dprime"]), tuple(float(x) for x in d["dprime_frame_sd"]))
+                   float(d["dprime"]), tuple(float(x) for x in d["dprime_frame_sd"]),
+                   tuple(float(x) for x in d.get("criterion_cells", ())),
+                   tuple(tuple(float(x) for x in r) for r in d.get("dprime_frame_corr", ())))
 
     def as_dict(self) -> dict:
-        return {"criterion_intercept": self.criterion_intercept, "position": self.position,
-                "criterion_frame_sd": self.criterion_frame_sd, "dprime": self.dprime,
-                "dprime_frame_sd": list(self.dprime_frame_sd)}
+        out = {"criterion_intercept": self.criterion_intercept, "position": self.position,
+               "criterion_frame_sd": self.criterion_frame_sd, "dprime": self.dprime,
+               "dprime_frame_sd": list(self.dprime_frame_sd)}
+        if self.criterion_cells:  # absent keys keep earlier stored estimates byte-identical
+            out["criterion_cells"] = list(self.criterion_cells)
+        if self.dprime_frame_corr:
+            out["dprime_frame_corr"] = [list(r) for r in self.dprime_frame_corr]
+        return out
 
 
 def h5_estimates(idata) -> H5Estimates:
-    """Pilot estimates from a fit of ``build_h5_model`` (posterior means)."""
+    """Pilot estimates from a fit of ``build_h5_model`` (posterior means): the criterion's
+    intercept, position and cell effects, its frame SD, the mean d', and the per-frame d'
+    deviations' SDs and correlations."""
     post = idata.posterior
     mean = lambda name: np.asarray(post[name].mean(dim=("chain", "draw")).values)  # noqa: E731
-    return H5Estimates(float(mean("criterion_intercept")), float(mean("criterion_beta")[0]),
+    beta = mean("criterion_beta")
+    return H5Estimates(float(mean("criterion_intercept")), float(beta[0]),
                        float(mean("criterion_frame_sd")), float(mean("dprime").mean()),
-                       tuple(float(x) for x in mean("dprime_frame_chol_stds")))
+                       tuple(float(x) for x in mean("dprime_frame_chol_stds")),
+                       tuple(float(x) for x in beta[1:]),
+                       tuple(tuple(float(x) for x in r) for r in mean("dprime_frame_chol_corr")))
+
+
+def h5_frame_deviations(h5: H5Estimates, n_cells: int, n_frames: int, inflation: float,
+                        rng: np.random.Generator) -> np.ndarray:
+    """Per-frame d' deviations (frames x cells) at the pilot's SDs x ``inflation`` and the
+    pilot's correlations across cells (independent where the estimate predates them)."""
+    sd = np.resize(np.asarray(h5.dprime_frame_sd, dtype=float), n_cells) * inflation
+    corr = np.asarray(h5.dprime_frame_corr, dtype=float) if h5.dprime_frame_corr else np.eye(n_cells)
+    if corr.shape != (n_cells, n_cells):
+        raise ValueError(f"the pilot's d' frame correlations are {corr.shape}, the design has {n_cells} cells: "
+                         "re-materialise power_pilot_estimates")
+    # Correlated standard normals scaled by the SDs (an SD may be zero, a correlation matrix never singular).
+    return (rng.standard_normal((n_frames, n_cells)) @ np.linalg.cholesky(corr).T) * sd
 
 
 def pilot_residual_sd(est: PilotEstimates) -> float:
@@ -185,8 +219,9 @@ def h5_rows(design: SimulatedDesign, h5_depth: str) -> pd.DataFrame:
 def h5_table(rows: pd.DataFrame, cells: Sequence[tuple[str, str]], h5: H5Estimates, size: float,
              inflation: float, rng: np.random.Generator) -> pd.DataFrame:
     """Choices from the registered probit: eta = criterion + 0.5 * d' * s (``h5_model``), with
-    d'(self, threat) - d'(self, harmless) = ``size`` and per-frame d' deviations (SDs x
-    ``inflation``, independent across cells) and criterion frame intercepts."""
+    d'(self, threat) - d'(self, harmless) = ``size``, per-frame d' deviations at the pilot's
+    SDs x ``inflation`` and correlations (:func:`h5_frame_deviations`), and a criterion with
+    the pilot's position and cell effects and frame intercepts."""
     from scipy.special import ndtr
 
     from fear_assets.analysis.h5_model import prepare_h5
@@ -195,11 +230,15 @@ def h5_table(rows: pd.DataFrame, cells: Sequence[tuple[str, str]], h5: H5Estimat
     dprime = np.full(len(cells), h5.dprime)
     dprime[list(cells).index(("self", "threat"))] += size / 2
     dprime[list(cells).index(("self", "harmless"))] -= size / 2
-    sd = np.resize(np.asarray(h5.dprime_frame_sd, dtype=float), len(cells)) * inflation
-    dp_frame = rng.normal(size=(d.n_frames, len(cells))) * sd
+    dp_frame = h5_frame_deviations(h5, len(cells), d.n_frames, inflation, rng)
     crit_frame = rng.normal(size=d.n_frames) * h5.criterion_frame_sd
     beta = np.zeros(d.X.shape[1])
     beta[0] = h5.position
+    if h5.criterion_cells:
+        if len(h5.criterion_cells) != d.X.shape[1] - 1:
+            raise ValueError(f"the pilot has {len(h5.criterion_cells)} criterion cell effects, the design "
+                             f"{d.X.shape[1] - 1}: re-materialise power_pilot_estimates")
+        beta[1:] = h5.criterion_cells
     criterion = h5.criterion_intercept + d.X @ beta + crit_frame[d.frame]
     eta = criterion + 0.5 * (dprime[d.cell] + dp_frame[d.frame, d.cell]) * d.s
     return rows.assign(chose_option1=rng.random(len(rows)) < ndtr(eta))
@@ -214,24 +253,34 @@ def shared_primary(design: SimulatedDesign, est: PilotEstimates, beta: np.ndarra
 
 
 __all__ = ["H5Estimates", "h5_estimates", "pilot_residual_sd", "control_tables", "addressee_design",
-           "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "shared_primary",
+           "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "h5_frame_deviations", "shared_primary",
            "AddresseeDesign"]
 
 
-def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str) -> pd.DataFrame:
-    """The pilot's forced choices at the H5 depth as ``prepare_h5`` reads them (the same rows
-    ``analysis.confirmatory.h5`` takes: 4.8's exclusions out, choices 1 or 2; the pilot has no
-    content-removed block, so only the criterion's cells inform it). ``pilot_primary``: the
-    unmasked pilot primary scores (agent, content, depth, fc_choice, content_option,
-    fc_first_listed, item_id)."""
+def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str,
+                  content_removed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The pilot's forced choices at the H5 depth as ``prepare_h5`` reads them, the same rows
+    ``analysis.confirmatory.h5`` takes (4.8's exclusions out, choices 1 or 2): the primary
+    trials, and the pilot's content-removed baseline trials (``shown_option`` 0), which
+    inform only the criterion (4.5, 6.1). ``pilot_primary`` / ``content_removed``: the
+    unmasked pilot scores of those blocks (agent, content, depth, fc_choice, content_option,
+    fc_first_listed, item_id); a design that scores no content-removed block passes None."""
     from fear_assets.analysis.data import kept
 
-    fc = kept(pilot_primary)
-    fc = fc[(fc["depth"] == h5_depth) & fc["fc_choice"].astype(int).isin([1, 2])]
+    def at_depth(scores: pd.DataFrame) -> pd.DataFrame:
+        fc = kept(scores)
+        return fc[(fc["depth"] == h5_depth) & fc["fc_choice"].astype(int).isin([1, 2])]
+
+    fc = at_depth(pilot_primary)
     if fc.empty:
         raise ValueError(f"no pilot forced choices at the H5 depth {h5_depth!r}: score the pilot at that depth")
-    return fc.assign(shown_option=fc["content_option"].astype(int), chose_option1=fc["fc_choice"].astype(int) == 1,
-                     option1_first=fc["fc_first_listed"].astype(int) == 1, frame=fc["item_id"])
+    parts = [fc.assign(shown_option=fc["content_option"].astype(int))]
+    if content_removed is not None and len(content_removed):
+        removed = at_depth(content_removed)
+        parts.append(removed.assign(shown_option=0))
+    rows = pd.concat(parts, ignore_index=True)
+    return rows.assign(chose_option1=rows["fc_choice"].astype(int) == 1,
+                       option1_first=rows["fc_first_listed"].astype(int) == 1, frame=rows["item_id"])
 
 
 def h5_pilot_estimates(rows: pd.DataFrame, priors, draws: int, tune: int, chains: int, seed: int) -> H5Estimates:

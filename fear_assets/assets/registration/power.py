@@ -80,7 +80,9 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     est = pilot_estimates(fit.idata, fit.data, controls)
     if settings.family(family_key).role != "embedded":  # H4's and H5's models at the pilot (the demo fits neither)
         s = sampler_of(settings, family_key)
-        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])))
+        removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
+        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])),
+                                unmask_pilot(removed, assignment_key) if len(removed) else None)
         h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
                                 int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
         probe = unmask_pilot(pilot_probe_outputs[pilot_probe_outputs["frame_set"] == "pilot"], assignment_key)
