@@ -62,3 +62,53 @@ def test_gate_c_hdi_covers_the_truth_when_the_tested_h2_varies_by_frame(settings
     assert fitter.compilations == 1
     print(f"99% HDI of gate (c) covers the truth in {sum(covered)}/{n} datasets")
     assert sum(covered) >= 0.95 * n, f"covered the truth in {sum(covered)}/{n} datasets"
+
+
+# --- the power simulation generates the judge and control blocks with their own deviations --
+def _estimates(sigma: float) -> "PilotEstimates":
+    from fear_assets.simulation.generator import PilotEstimates
+
+    return PilotEstimates(-0.3, {"depth[d1]": 0.02}, (0.15, 0.05, 0.05, 0.08, 0.03, 0.03),
+                          tuple(map(tuple, np.eye(6))), 0.0, sigma, 8.0, (0.2, 0.2),
+                          {"instructed_interaction": 0.3, "instructed_priority": 0.3, "marked_priority": 0.3})
+
+
+def _frame_differences(design, y_other: np.ndarray, y_primary: np.ndarray) -> np.ndarray:
+    """Per frame, the least-squares frame effects of (other block - primary block) on the six
+    frame-effect columns: what the other block's frames carry beyond the primary's."""
+    d, diff = design.data, y_other - y_primary
+    return np.stack([np.linalg.lstsq(d.Z[d.frame == f], diff[d.frame == f], rcond=None)[0]
+                     for f in range(d.n_frames)])
+
+
+def test_simulated_judge_and_control_blocks_carry_their_own_frame_deviations(settings):
+    """The judge block (gate (c)) and a control block (controls 2-4) differ from the primary
+    block on each frame by a deviation of the agent x content slopes with the given SD (and by
+    nothing else: no residual, no unit effects, the same fixed effects), and by default (the
+    runner's call) by a deviation at the pilot's inflated slope SDs, never by none."""
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.generator import agent_effects, draw_frame_effects, simulate_block, true_beta
+    from fear_assets.simulation.models import control_tables, judge_table, pilot_residual_sd
+
+    inflation, sd, n = 1.5, 0.3, 200
+    est = _estimates(sigma=1e-12)  # residual ~0: the differences are the frame deviations
+    design = simulated_design(settings, ["d1"], ["d1"], n, (0.2, 0.2), seed=3)
+    beta = true_beta(est, design.data, design.band, agent_effects(0.0))
+    rng = np.random.default_rng(5)
+    frames = draw_frame_effects(est, inflation, n, rng, 6)
+    primary = simulate_block(design.data, est, beta, 0.0, inflation, rng, frames=frames)
+    given = np.diag([sd**2, sd**2])
+    judge = judge_table(design, est, frames, pilot_residual_sd(est), inflation, rng, deviation_cov=given)
+    control, _ = control_tables(design, est, primary, frames, agent_effects(0.0), 0.0, inflation, rng,
+                                deviation_cov=given)
+    slopes = [4, 5]  # agent1:content, agent2:content
+    for table in (judge, control):
+        dev = _frame_differences(design, table["outcome"].to_numpy(), primary.y)
+        np.testing.assert_allclose(dev[:, :4], 0.0, atol=1e-6)  # intercept, agent, content: shared
+        assert dev[:, slopes].std(axis=0) == pytest.approx([sd, sd], rel=0.15)
+        assert abs(np.corrcoef(dev[:, 4], dev[:, 5])[0, 1]) < 0.2
+    # The runner's call (no covariance given): deviations at the pilot slope SDs x the inflation.
+    default = judge_table(design, est, frames, pilot_residual_sd(est), inflation, rng)
+    dev = _frame_differences(design, default["outcome"].to_numpy(), primary.y)
+    want = np.array(est.frame_sd)[slopes] * inflation
+    assert dev[:, slopes].std(axis=0) == pytest.approx(want, rel=0.15)
