@@ -25,8 +25,8 @@ peer/person interaction) are both the block factor's agent x content interaction
 may carry that interaction more in one block than the other. Without them the shared frame
 slopes pair the blocks' slopes exactly, any frame-to-frame variation of the difference goes
 into the residual, and the contrast's HDI is too narrow (a gate can read Supported where it
-is Unresolved). Tested block's slopes = shared + deviation, the other's = shared - deviation
-(sum-coded f = +-1): the block factor's interaction varies by frame, as the primary model's
+is Unresolved). The first block's slopes (tested, control) = shared + deviation, the second's
+(judge, primary) = shared - deviation (sum-coded f = +-1): the block factor's interaction varies by frame, as the primary model's
 agent, content and agent x content vary by frame ("random slopes ... by frame", 6.1).
 Prior of the added deviations, and why it is the registered one: 6.1 fixes
 "half-Normal(0, 0.5) on every standard deviation, and an LKJ(2) prior on random-effect
@@ -55,9 +55,8 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.coding import cell_row, design, frame_slopes, sum_columns
-from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, DesignCells, Priors, check_band,
-                                                check_choice, PREDICTORS,
-                                                check_covariates, covariate_columns, design_cells, design_data,
+from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, PREDICTORS, DesignCells, Priors,
+                                                check_band, check_choice, check_covariates, covariate_columns, design_cells, design_data,
                                                 fixed_part, frame_and_unit_effects, hypotheses, posterior_draws,
                                                 student_t_residual)
 
