@@ -26,8 +26,8 @@ may carry that interaction more in one block than the other. Without them the sh
 slopes pair the blocks' slopes exactly, any frame-to-frame variation of the difference goes
 into the residual, and the contrast's HDI is too narrow (a gate can read Supported where it
 is Unresolved). The first block's slopes (tested, control) = shared + deviation, the second's
-(judge, primary) = shared - deviation (sum-coded f = +-1): the block factor's interaction varies by frame, as the primary model's
-agent, content and agent x content vary by frame ("random slopes ... by frame", 6.1).
+(judge, primary) = shared - deviation (sum-coded f = +-1): the block factor's interaction
+varies by frame, as the primary model's agent, content and agent x content vary by frame ("random slopes ... by frame", 6.1).
 Prior of the added deviations, and why it is the registered one: 6.1 fixes
 "half-Normal(0, 0.5) on every standard deviation, and an LKJ(2) prior on random-effect
 correlations"; the deviations are random effects, so their two SDs are half-Normal(group_sd)
