@@ -27,7 +27,8 @@ slopes pair the blocks' slopes exactly, any frame-to-frame variation of the diff
 into the residual, and the contrast's HDI is too narrow (a gate can read Supported where it
 is Unresolved). The first block's slopes (tested, control) = shared + deviation, the second's
 (judge, primary) = shared - deviation (sum-coded f = +-1): the block factor's interaction
-varies by frame, as the primary model's agent, content and agent x content vary by frame ("random slopes ... by frame", 6.1).
+varies by frame, as the primary model's agent, content and agent x content vary by frame
+("random slopes ... by frame", 6.1).
 Prior of the added deviations, and why it is the registered one: 6.1 fixes
 "half-Normal(0, 0.5) on every standard deviation, and an LKJ(2) prior on random-effect
 correlations"; the deviations are random effects, so their two SDs are half-Normal(group_sd)
@@ -56,7 +57,8 @@ import pandas as pd
 
 from fear_assets.analysis.coding import cell_row, design, frame_slopes, sum_columns
 from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, PREDICTORS, DesignCells, Priors,
-                                                check_band, check_choice, check_covariates, covariate_columns, design_cells, design_data,
+                                                check_band, check_choice, check_covariates, covariate_columns,
+                                                design_cells, design_data,
                                                 fixed_part, frame_and_unit_effects, hypotheses, posterior_draws,
                                                 student_t_residual)
 

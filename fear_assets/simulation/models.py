@@ -16,7 +16,8 @@ and contrast (no second copy of any model):
 - control 1, the addressee's name: its own cells (registered cell set ``control_addressee``),
   no surprisal covariates, the addressee contrast at its pilot estimate; ``fit_control``.
 - gate (c) (6.2): the judge block shares the tested block's frame effects on the standardised
-  scale plus its own per-frame deviations of the agent x content slopes (as the controls); the tested model's H2 is the scenario's size and the judge's is zero, so the gate's
+  scale plus its own per-frame deviations of the agent x content slopes (as the controls); the
+  tested model's H2 is the scenario's size and the judge's is zero, so the gate's
   standardised difference is size / sigma (the meaningful size 0.30/sigma at "meaningful",
   zero at "null"); fitted by ``gate_c.prepare_gate_c`` + the joint model, labelled by
   ``gate_c_decision`` (ROPE sesoi / sigma). The judge's covariates are the tested design's
