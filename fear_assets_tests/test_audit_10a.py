@@ -1,7 +1,6 @@
 """Issue 10, part A: registered-rule corrections in the analysis models (protocol 4.6, 4.8,
 5, 6.1-6.2; DECISIONS 3, 3b, 4). Each test fails on the code before the correction."""
 
-import inspect
 import itertools
 
 import arviz as az
@@ -11,7 +10,6 @@ import pymc as pm
 import pytest
 import xarray as xr
 
-from fear_assets.analysis import gate_c as gate_c_module
 from fear_assets.analysis.controls import fit_control, priority_contrast
 from fear_assets.analysis.data import covariate_centres, kept, model_table, prepared
 from fear_assets.analysis.exclusions import exclusion_rates
@@ -80,12 +78,34 @@ def test_audit_gate_c_frame_slopes(settings):
     sigma = pm.draw(model["sigma"], draws=2000, random_seed=4)
     assert sigma.shape == (2000, 2)
     assert abs(sigma.mean() - 0.5 * np.sqrt(2 / np.pi)) < 0.02  # half-Normal(0, 0.5)
-    # One copy of the random-effects code: both models build them through the same function.
-    assert "frame_and_unit_effects" in inspect.getsource(build_model)
-    import fear_assets.analysis.joint as joint
-
-    assert "frame_and_unit_effects" in inspect.getsource(joint.build_joint_model)
-    assert "LKJCholeskyCov" not in inspect.getsource(gate_c_module) + inspect.getsource(joint)
+    # The same frame-effect prior as the primary model (drawn from both models, not read off
+    # their source): scales and correlations agree in distribution.
+    p_corr, p_stds = pm.draw([primary["frame_chol_corr"], primary["frame_chol_stds"]], draws=4000, random_seed=6)
+    assert np.quantile(stds, [0.25, 0.5, 0.75]) == pytest.approx(np.quantile(p_stds, [0.25, 0.5, 0.75]), rel=0.08)
+    assert corr[:, 0, 1].std() == pytest.approx(p_corr[:, 0, 1].std(), rel=0.08)
+    # Each trial's mu carries its frame's intercept, agent, content and agent x content slopes
+    # (shared by both readers) and, per reader, that frame's deviation of the agent x content
+    # slopes, + for the tested reader and - for the judge: set the frame effects, switch every
+    # other term off, and the model's outcome is exactly that sum.
+    rng = np.random.default_rng(0)
+    shared, deviation = rng.normal(size=(2, 6)), rng.normal(size=(2, 2))
+    fixed = pm.do(model, {"frame_effects": shared, "block_frame_effects": deviation, "intercept": 0.0,
+                          "beta": np.zeros(len(d.names)), "block_beta": np.zeros(len(d.w_names)), "unit_sd": 0.0,
+                          "sigma": np.full(2, 1e-9), "nu": 1e6})
+    y = pm.draw(fixed["y_obs"], random_seed=1)
+    sign = np.where(data.reader.to_numpy() == "tested", 1.0, -1.0)
+    agent_content = sign[:, None] * np.column_stack(
+        [(data.agent == a).to_numpy(float) - (data.agent == "person").to_numpy(float) for a in ("self", "peer")]) \
+        * np.where(data.content.to_numpy() == "threat", 1.0, -1.0)[:, None]
+    np.testing.assert_allclose(y, (d.Z * shared[d.frame]).sum(axis=1)
+                               + (agent_content * deviation[d.frame]).sum(axis=1), atol=1e-6)
+    # The added deviations' prior is the registered one for a random effect: half-Normal(0, 0.5)
+    # scales and an LKJ(2) correlation (2 x 2: r = 2 Beta(eta, eta) - 1, sd 1/sqrt(2 eta + 1)).
+    dev_corr, dev_stds = pm.draw([model["block_frame_chol_corr"], model["block_frame_chol_stds"]], draws=4000,
+                                 random_seed=7)
+    assert dev_stds.mean() == pytest.approx(settings.section("priors")["group_sd_halfnormal"] * np.sqrt(2 / np.pi),
+                                            rel=0.05)
+    assert dev_corr[:, 0, 1].std() == pytest.approx(1 / np.sqrt(2 * eta + 1), rel=0.05)
 
 
 def test_audit_gate_c_meaningful_is_hdi_beyond_the_rope(settings):

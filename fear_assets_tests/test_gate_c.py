@@ -2,6 +2,7 @@
 difference in the joint two-reader model, and the standardised decision bounds."""
 
 import itertools
+from dataclasses import replace
 
 import arviz as az
 import numpy as np
@@ -18,19 +19,27 @@ LEVELS = {"agent": ["self", "peer", "person"], "content": ["threat", "harmless"]
 SIGMAS = {"tested": 0.3, "judge": 0.6}
 
 
-def simulate(h2_std: dict[str, float], frames=8, seed=0, residual_std=0.5):
+def simulate(h2_std: dict[str, float], frames=8, seed=0, residual_std=0.5, h2_frame_sd=0.0, h2_frame_offset=0.0):
     """Both readers' Delta: on the standardised scale each reader's self agent carries
     ``h2_std[reader]`` of threat-minus-harmless effect (peer and person none), with frame and
-    unit-by-reader intercepts; Delta = sigma_reader x the standardised value."""
+    unit-by-reader intercepts; Delta = sigma_reader x the standardised value.
+    ``h2_frame_sd``: frame slopes too, the self agent's effect varying by frame with that SD
+    in both readers alike (shared, the frames' mean 0) and again in the tested reader alone
+    (its own deviations, whose realised frames average ``h2_frame_offset``: a sample of frames
+    off its population mean), so the gate's H2 difference varies by frame."""
     rng = np.random.default_rng(seed)
     frame_sd = rng.normal(0, 0.1, frames)
+    slope_rng = np.random.default_rng([seed, 1])  # own stream: h2_frame_sd=0 leaves the data unchanged
+    shared, own = (slope_rng.normal(0, h2_frame_sd, frames) for _ in range(2))
+    if h2_frame_sd:
+        shared, own = shared - shared.mean(), own - own.mean() + h2_frame_offset
     rows = []
     for reader, f, rot, order, depth in itertools.product(SIGMAS, range(frames), (1, 2, 3), (1, 2), ("d1", "d2")):
         unit = f"F{f}|r{rot}|o{order}|{depth}"
         u = rng.normal(0, 0.1)
         for cell, (agent, content) in enumerate(itertools.product(LEVELS["agent"], LEVELS["content"]), start=1):
             option = 1 if (rot + 3 * (order - 1) + int(depth[1:]) + cell) % 2 == 0 else 2
-            effect = h2_std[reader] if agent == "self" else 0.0
+            effect = (h2_std[reader] + shared[f] + own[f] * (reader == "tested")) if agent == "self" else 0.0
             mean = -0.3 + 0.2 * (reader == "tested") + effect * (0.5 if content == "threat" else -0.5)
             y_std = mean + frame_sd[f] + u + rng.normal(0, residual_std)
             rows.append({"agent": agent, "content": content, "depth": depth, "order": order, "option": option,
@@ -40,8 +49,14 @@ def simulate(h2_std: dict[str, float], frames=8, seed=0, residual_std=0.5):
     return pd.DataFrame(rows)
 
 
+#: The recovery tests' data: the tested-minus-judge H2 is 0.8 in the population and varies by
+#: frame (SD 0.4), the eight frames' deviations averaging +0.25, so a model that puts the frame
+#: slopes into the residual centres a too-narrow HDI near 1.05 and misses the truth.
+SLOPED = dict(residual_std=0.15, h2_frame_sd=0.4, h2_frame_offset=0.25)
+
+
 def test_known_standardised_difference_is_recovered(settings):
-    d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}), LEVELS, SIGMAS, 0.5)
+    d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}, **SLOPED), LEVELS, SIGMAS, 0.5)
     idata = sample(build_gate_c_model(d, GateCPriors.from_settings(settings)), draws=300, tune=400, chains=2,
                    seed=1)
     hdi = settings.decision["hdi_prob"]
@@ -50,6 +65,18 @@ def test_known_standardised_difference_is_recovered(settings):
     h2 = reader_h2(idata, d, ["d1", "d2"])
     judge_low, judge_high = az.hdi(h2["judge"], hdi_prob=hdi)
     assert judge_low < 0.0 < judge_high
+
+
+def test_the_recovery_data_fail_a_model_without_frame_slopes(settings):
+    """The recovery test above is a test of the frame slopes: the same data through the joint
+    model without agent x content frame slopes (neither shared nor per reader) give a gate
+    HDI that misses the truth."""
+    d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}, **SLOPED), LEVELS, SIGMAS, 0.5)
+    d = replace(d, Z=d.Z[:, :4], V=d.V[:, :0])
+    idata = sample(build_gate_c_model(d, GateCPriors.from_settings(settings)), draws=300, tune=400, chains=2,
+                   seed=1)
+    low, high = az.hdi(gate_c_contrast(idata, d, ["d1", "d2"]), hdi_prob=settings.decision["hdi_prob"])
+    assert not low < 0.8 < high, f"HDI [{low:.3f}, {high:.3f}] still covers 0.8 without frame slopes"
 
 
 def test_priors_come_from_the_settings(settings):

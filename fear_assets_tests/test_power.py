@@ -331,15 +331,17 @@ def test_each_model_generator_plants_its_effect(settings):
     table = models.addressee_table(ad, quiet, 0.3, 1.5, np.random.default_rng(0))
     cells = table.groupby(["agent", "content"])["outcome"].mean()
     assert addressee_contrast({k: np.array([v]) for k, v in cells.items()})[0] == pytest.approx(0.3, abs=1e-6)
-    # gate (c): the judge block shares the primary block's frame effects and has no H2
+    # gate (c): the judge block shares the primary block's frame effects (plus its own
+    # agent x content deviations, test_gate_c_frame_deviations) and has no H2
     beta = true_beta(est, design.data, design.band, agent_effects(0.3))
     primary, frames = models.shared_primary(design, est, beta, 1.5, np.random.default_rng(1))
     again = simulate_block(design.data, est, beta, 0.0, 1.5, np.random.default_rng(1))
     assert np.array_equal(primary.y, again.y)  # the same draws as before frames were shared
     judge = models.judge_table(design, est, frames, 0.08, 1.5, np.random.default_rng(2))
+    rng = np.random.default_rng(2)
     np.testing.assert_allclose(judge["outcome"].to_numpy(), simulate_block(
         design.data, est, true_beta(est, design.data, design.band, agent_effects(0.0)), 0.0, 1.5,
-        np.random.default_rng(2), frames=frames).y * 0.08 / models.pilot_residual_sd(est))
+        rng, frames=models.own_frames(est, frames, 1.5, rng)).y * 0.08 / models.pilot_residual_sd(est))
     # H4: two content versions per document, each document's rows share the document index
     table4, d4 = models.h4_design(design)
     assert len(table4) == 2 * design.rows and d4.n_documents == design.rows and set(table4["option"]) == {1, 2}

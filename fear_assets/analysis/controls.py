@@ -9,8 +9,12 @@ model over the control block and the matched primary cells (the primary block's 
 the same frames and depths), with a condition factor (control vs primary, sum-coded,
 Normal(0, fixed_effect_sd) like every fixed effect) and its interactions with agent x content
 x depth, and the primary model's frame effects shared by both blocks, so a frame's effects
-are paired across the blocks rather than entering twice as independent noise. The contrast
-is read from that one posterior, draw by draw.
+are paired across the blocks rather than entering twice as independent noise, plus the
+condition factor's own frame deviations of the agent x content slopes (``joint``: a frame
+may carry the instructed interaction more in the control than in the primary cells, and
+that variation widens the contrast's HDI instead of entering the residual; LKJ(2) and
+half-Normal(0, 0.5) scales, the registered random-effect priors). The contrast is read from
+that one posterior, draw by draw.
 
 Control 1 (addressee's own name) is the one exception, a reading taken: its contrast,
 Delta(addressee) - Delta(other person), lies wholly within the control cells (D4 1), and its

@@ -15,7 +15,12 @@ a Student-t likelihood. Each reader's Delta is divided by that reader's pilot tr
 residual SD first (y = Delta / sigma_reader), so both contrasts and the ROPE share one fixed
 scale. The frame effects are shared by the two readers (reading taken: both readers read
 the same frames, so a frame's effects are paired across them, as the primary cells and a
-control's cells are); units are per reader, since the judge's documents carry its own
+control's cells are), and each reader has its own frame deviations of the agent x content
+slopes (the gate's terms; ``joint``: + for the tested reader, - for the judge, LKJ(2) and
+half-Normal(0, 0.5) scales, the registered priors on every random-effect correlation and
+SD), so frame-to-frame variation of the tested-minus-judge H2 widens the gate's HDI rather
+than entering the residual (which made a gate read Supported that should be Unresolved,
+D5 row 10 for row 9); units are per reader, since the judge's documents carry its own
 system prompt. Each reader's covariates are its own surprisals, centred on its own bank
 means (the caller builds each reader's model table from that reader's surprisal table).
 The gate's estimand is the standardised H2 of the tested model minus that of the judge,

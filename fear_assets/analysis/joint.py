@@ -13,9 +13,30 @@ Both are this model:
                                                         and its interactions)
        + frame effects (intercept, agent, content, agent x content: six correlated effects,
          LKJ(2), half-Normal(0, 0.5) scales; shared by both blocks, so the same frame's
-         effects are paired across them) + a unit intercept (a unit is one document of one
-         block: the blocks' documents differ in their system prompt, so a unit does not
-         span them).
+         effects are paired across them)
+       + f * block frame deviations (per frame, the block factor's agent x content
+         slopes: two correlated effects, LKJ(2), half-Normal(0, 0.5) scales)
+       + a unit intercept (a unit is one document of one block: the blocks' documents
+         differ in their system prompt, so a unit does not span them).
+
+The block frame deviations are the contrast's terms by frame, per block: gate (c)'s estimand
+(tested-minus-judge H2) and the instructed-interaction control's (control-minus-primary
+peer/person interaction) are both the block factor's agent x content interaction, and a frame
+may carry that interaction more in one block than the other. Without them the shared frame
+slopes pair the blocks' slopes exactly, any frame-to-frame variation of the difference goes
+into the residual, and the contrast's HDI is too narrow (a gate can read Supported where it
+is Unresolved). The first block's slopes (tested, control) = shared + deviation, the second's
+(judge, primary) = shared - deviation (sum-coded f = +-1): the block factor's interaction
+varies by frame, as the primary model's agent, content and agent x content vary by frame
+("random slopes ... by frame", 6.1).
+Prior of the added deviations, and why it is the registered one: 6.1 fixes
+"half-Normal(0, 0.5) on every standard deviation, and an LKJ(2) prior on random-effect
+correlations"; the deviations are random effects, so their two SDs are half-Normal(group_sd)
+and their correlation LKJ(lkj_eta), read from the same ``Priors`` (the settings' priors
+section) as the frame effects, non-centred like them. They form their own covariance block
+(independent of the six shared effects): reading taken, since the registered structure has
+no block factor to correlate with; it keeps the six shared effects' prior exactly the
+primary model's.
 
 The random effects and the Student-t residual come from ``primary_model``
 (``frame_and_unit_effects``, ``student_t_residual``): one copy of the registered structure.
@@ -35,13 +56,24 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.coding import cell_row, design, frame_slopes, sum_columns
-from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, DesignCells, Priors, check_band,
-                                                check_covariates, covariate_columns, design_cells, design_data,
+from fear_assets.analysis.primary_model import (COVARIATES, FRAME_EFFECTS, PREDICTORS, DesignCells, Priors,
+                                                check_band, check_choice, check_covariates, covariate_columns,
+                                                design_cells, design_data,
                                                 fixed_part, frame_and_unit_effects, hypotheses, posterior_draws,
                                                 student_t_residual)
 
 _CELL_FACTORS = ("agent", "content", "depth")
 _COLUMNS = ("agent", "content", "depth", "order", "option", "rotation", "fear", "frame", "unit")
+
+
+def deviation_columns(n_effects: int) -> tuple[int, ...]:
+    """The frame-effect columns the block factor's frame deviations are on: the agent x
+    content slopes (the terms of gate (c)'s and the instructed-interaction control's contrast)."""
+    names = FRAME_EFFECTS.get(n_effects)
+    if names is None:
+        raise ValueError(f"the joint model reads the frame effects of two or three agents (4 or 6 columns); "
+                         f"got {n_effects}")
+    return tuple(j for j, n in enumerate(names) if ":" in n)
 
 
 @dataclass
@@ -55,6 +87,7 @@ class JointData:
     w_names: list[str]
     cell_columns: np.ndarray  # indices of X's agent x content x depth columns
     Z: np.ndarray  # the six frame-effect columns (1, agent, content, agent x content)
+    V: np.ndarray  # block frame deviations' columns: f x Z's agent x content columns
     block: np.ndarray  # 0 or 1 (index into ``blocks``)
     frame: np.ndarray
     unit: np.ndarray  # unit-by-block index
@@ -109,8 +142,10 @@ def prepare_joint(data: pd.DataFrame, levels: Mapping[str, Sequence], factor: st
     block_idx = np.array([blocks.index(v) for v in data[factor]])
     _, frame_idx = np.unique(data["frame"], return_inverse=True)
     _, unit_idx = np.unique(data["unit"].astype(str) + "|" + data[factor].astype(str), return_inverse=True)
-    return JointData(y, X, names, W, w_names, cell_columns, frame_slopes(data, levels), block_idx, frame_idx,
-                     unit_idx, int(frame_idx.max()) + 1, int(unit_idx.max()) + 1, levels, blocks, factor,
+    Z = frame_slopes(data, levels)
+    V = f * Z[:, list(deviation_columns(Z.shape[1]))]
+    return JointData(y, X, names, W, w_names, cell_columns, Z, V, block_idx, frame_idx, unit_idx,
+                     int(frame_idx.max()) + 1, int(unit_idx.max()) + 1, levels, blocks, factor,
                      float(factor_sd), bool(per_block_sigma), tuple(covariates))
 
 
@@ -126,9 +161,37 @@ def joint_cells(d: JointData) -> DesignCells:
     return design_cells(X, d.Z, d.frame, columns)
 
 
+def deviation_data(V: np.ndarray, frame: np.ndarray, predictor: str) -> dict[str, np.ndarray]:
+    """The block frame deviations' containers: V row by row ("direct", with the design's
+    ``frame``), or its distinct rows and each trial's (frame, row) index ("cells")."""
+    check_choice("predictor", predictor, PREDICTORS)
+    if predictor == "direct":
+        return {"V": V}
+    patterns, pattern = np.unique(V, axis=0, return_inverse=True)
+    return {"V_patterns": patterns,
+            "v_pattern": frame.astype(np.int64) * len(patterns) + pattern.reshape(-1).astype(np.int64)}
+
+
+def block_frame_deviations(data: Mapping, n_frames: int, n_effects: int, priors: Priors):
+    """The block factor's frame deviations' contribution to mu, inside a model context:
+    ``n_effects`` correlated effects per frame, LKJ(lkj_eta) correlations and
+    half-Normal(group_sd) scales (6.1's priors on every random-effect SD and correlation),
+    non-centred (``block_frame_chol``, ``z_block_frame``, ``block_frame_effects``)."""
+    import pymc as pm
+
+    chol, _, _ = pm.LKJCholeskyCov("block_frame_chol", n=n_effects, eta=priors.lkj_eta,
+                                   sd_dist=pm.HalfNormal.dist(priors.group_sd), compute_corr=True)
+    z = pm.Normal("z_block_frame", 0.0, 1.0, shape=(n_frames, n_effects))
+    effects = pm.Deterministic("block_frame_effects", z @ chol.T)
+    if "V" in data:
+        return (data["V"] * effects[data["frame"]]).sum(axis=1)
+    return pm.math.dot(effects, data["V_patterns"].T).reshape((-1,))[data["v_pattern"]]
+
+
 def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
     """Named variables: ``intercept``, ``beta`` (shared), ``block_beta`` (the block factor),
     the primary model's ``frame_chol``/``z_frame``/``frame_effects`` and ``unit_sd``/``z_unit``,
+    the block frame deviations ``block_frame_chol``/``z_block_frame``/``block_frame_effects``,
     ``sigma`` (dims block where per-block), ``nu``. Data are ``pm.Data`` containers.
     ``predictor``: mu per distinct design row ("cells") or row by row ("direct"), as in
     ``primary_model.build_model``; the same model."""
@@ -148,6 +211,8 @@ def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
         fixed = fixed_part(data, intercept, pt.concatenate([beta, block_beta]),
                            covariate_columns(d.names, d.covariates))
         random = frame_and_unit_effects(data, d.n_frames, n_effects, d.n_units, priors)
+        if d.V.shape[1]:
+            random = random + block_frame_deviations(data, d.n_frames, d.V.shape[1], priors)
         sigma, nu = student_t_residual(priors, dims="block" if d.per_block_sigma else None)
         mu = fixed + random
         pm.StudentT("y_obs", nu=nu, mu=mu, sigma=sigma[data["block"]] if d.per_block_sigma else sigma,
@@ -157,6 +222,7 @@ def build_joint_model(d: JointData, priors: Priors, predictor: str = "cells"):
 
 def joint_same_shape(a: JointData, b: JointData) -> bool:
     return (a.X.shape[1] == b.X.shape[1] and a.W.shape[1] == b.W.shape[1] and a.Z.shape[1] == b.Z.shape[1]
+            and a.V.shape[1] == b.V.shape[1]
             and a.n_frames == b.n_frames and a.n_units == b.n_units and list(a.names) == list(b.names)
             and list(a.w_names) == list(b.w_names) and a.per_block_sigma == b.per_block_sigma
             and a.factor_sd == b.factor_sd and tuple(a.covariates) == tuple(b.covariates))
@@ -166,6 +232,8 @@ def joint_updates(d: JointData, predictor: str = "cells") -> dict[str, np.ndarra
     """The joint model's data containers for ``d`` (what ``with_data`` swaps per fit)."""
     X, columns = joint_design(d)
     out = design_data(X, d.Z, d.frame, columns, predictor)
+    if d.V.shape[1]:
+        out.update(deviation_data(d.V, d.frame, predictor))
     out.update({"y": d.y, "unit": d.unit.astype("int64")})
     if d.per_block_sigma:  # the block index enters the graph only through the per-block scales
         out["block"] = d.block.astype("int64")

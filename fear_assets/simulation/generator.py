@@ -11,7 +11,8 @@ scenario's size (D7: at 0.30, self 0.50, peer 0.20, person 0.20).
 Blocks of one dataset (D7; every analysis model the reading needs): primary Delta (H1-H3),
 recall Delta (gate b), service relevance (gate a), each the primary model on its own block
 with its own frame, unit and residual draws; the blocks of ``models`` (controls 2-4 in one
-joint fit with the matched primary cells, sharing the primary block's frame effects; the
+joint fit with the matched primary cells, sharing the primary block's frame effects plus their own
+per-frame agent x content deviations, as the joint model has them; the
 addressee control on its own cells; gate (c)'s judge block; H4's probe log-odds; H5's forced
 choices). Controls carry their pilot estimates, not the scenario.
 """
@@ -161,6 +162,27 @@ def draw_frame_effects(est: PilotEstimates, inflation: float, n_frames: int, rng
     cov = frame_covariance(est, inflation)
     k = len(cov) if n_effects is None else int(n_effects)
     return rng.multivariate_normal(np.zeros(k), cov[:k, :k], size=n_frames, method="cholesky")
+
+
+def block_deviation_covariance(est: PilotEstimates, inflation: float, columns: Sequence[int]) -> np.ndarray:
+    """Covariance of a second block's own frame deviations on the frame-effect ``columns``
+    (the joint model's contrast terms, ``analysis.joint.deviation_columns``): the pilot's
+    frame covariance of those slopes, SDs x the inflation. Reading taken: the pilot fits no
+    per-block deviation, and 6.3 sets every variance component at its pilot estimate with the
+    random-slope SDs inflated, so a block's slopes vary about the primary block's by as much as
+    the primary block's vary between frames, the nearest pilot estimate of that spread."""
+    cov = frame_covariance(est, inflation)
+    return cov[np.ix_(list(columns), list(columns))]
+
+
+def with_block_deviations(frames: np.ndarray, columns: Sequence[int], cov: np.ndarray,
+                          rng: np.random.Generator) -> np.ndarray:
+    """Another block's frame effects: ``frames`` (frames x effects, the block it is paired with)
+    plus its own per-frame deviations ~ MvNormal(0, ``cov``) on ``columns``, zero elsewhere."""
+    cov = np.atleast_2d(np.asarray(cov, dtype=float))
+    out = np.array(frames, dtype=float, copy=True)
+    out[:, list(columns)] += rng.multivariate_normal(np.zeros(len(cov)), cov, size=len(out), method="cholesky")
+    return out
 
 
 def simulate_block(d: PrimaryData, est: PilotEstimates, beta: np.ndarray, shift: float, inflation: float,

@@ -8,13 +8,16 @@ effect of interest set by the scenario; each fit calls the analysis code's own m
 and contrast (no second copy of any model):
 
 - positive controls 2-4 (4.6, D4): the control block and the matched primary cells share one
-  dataset's frame effects (the joint two-block model's structure, ``analysis.joint``); fitted
+  dataset's frame effects, the control block adding its own per-frame deviations of the
+  agent x content slopes (the joint two-block model's structure, ``analysis.joint``:
+  ``generator.with_block_deviations`` at ``generator.block_deviation_covariance``); fitted
   with ``analysis.controls.fit_control`` (one joint fit, condition factor). Each control's
   contrast is at its pilot estimate.
 - control 1, the addressee's name: its own cells (registered cell set ``control_addressee``),
   no surprisal covariates, the addressee contrast at its pilot estimate; ``fit_control``.
 - gate (c) (6.2): the judge block shares the tested block's frame effects on the standardised
-  scale; the tested model's H2 is the scenario's size and the judge's is zero, so the gate's
+  scale plus its own per-frame deviations of the agent x content slopes (as the controls); the
+  tested model's H2 is the scenario's size and the judge's is zero, so the gate's
   standardised difference is size / sigma (the meaningful size 0.30/sigma at "meaningful",
   zero at "null"); fitted by ``gate_c.prepare_gate_c`` + the joint model, labelled by
   ``gate_c_decision`` (ROPE sesoi / sigma). The judge's covariates are the tested design's
@@ -45,8 +48,20 @@ import pandas as pd
 from fear_assets.analysis.controls import ADDRESSEE_AGENTS, addressee_contrast
 from fear_assets.analysis.primary_model import PrimaryData, cell_means, prepare
 from fear_assets.simulation.design import SimulatedDesign, design_table
-from fear_assets.simulation.generator import (PilotEstimates, agent_effects, draw_frame_effects, simulate_block,
-                                              true_beta)
+from fear_assets.simulation.generator import (PilotEstimates, agent_effects, block_deviation_covariance,
+                                              draw_frame_effects, simulate_block, true_beta, with_block_deviations)
+
+
+def own_frames(est: PilotEstimates, frames: np.ndarray, inflation: float, rng: np.random.Generator,
+               deviation_cov: np.ndarray | None = None) -> np.ndarray:
+    """A second block's frame effects: the primary block's ``frames`` plus its own deviations of
+    the joint model's contrast terms (``joint.deviation_columns``), at ``deviation_cov`` (default:
+    ``block_deviation_covariance``, the pilot's, inflated)."""
+    from fear_assets.analysis.joint import deviation_columns
+
+    columns = deviation_columns(frames.shape[1])
+    cov = block_deviation_covariance(est, inflation, columns) if deviation_cov is None else deviation_cov
+    return with_block_deviations(frames, columns, cov, rng)
 
 
 @dataclass(frozen=True)
@@ -126,12 +141,13 @@ def with_outcome(design: SimulatedDesign, d: PrimaryData) -> pd.DataFrame:
 
 
 def control_tables(design: SimulatedDesign, est: PilotEstimates, primary: PrimaryData, frames: np.ndarray,
-                   size_effects: Mapping[str, float], shift: float, inflation: float, rng: np.random.Generator
-                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   size_effects: Mapping[str, float], shift: float, inflation: float, rng: np.random.Generator,
+                   deviation_cov: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(control block, primary block) of controls 2-4: the control block drawn with the
-    primary block's frame effects (shared, as the joint model has them)."""
+    primary block's frame effects plus its own agent x content deviations (``own_frames``),
+    as the joint model has them."""
     control = simulate_block(design.data, est, true_beta(est, design.data, design.band, size_effects), shift,
-                             inflation, rng, frames=frames)
+                             inflation, rng, frames=own_frames(est, frames, inflation, rng, deviation_cov))
     return with_outcome(design, control), with_outcome(design, primary)
 
 
@@ -172,12 +188,14 @@ def addressee_table(ad: AddresseeDesign, est: PilotEstimates, contrast: float, i
 
 
 def judge_table(design: SimulatedDesign, est: PilotEstimates, frames: np.ndarray, judge_sigma: float,
-                inflation: float, rng: np.random.Generator) -> pd.DataFrame:
+                inflation: float, rng: np.random.Generator, deviation_cov: np.ndarray | None = None) -> pd.DataFrame:
     """The judge block of gate (c): H2 = 0 at every scenario, the tested block's frame effects
-    (same standardised scale), its raw outcome on the judge's own scale (x judge_sigma /
-    tested sigma), so that ``prepare_gate_c``'s standardisation returns the shared structure."""
+    plus its own agent x content deviations (``own_frames``; same standardised scale), its raw
+    outcome on the judge's own scale (x judge_sigma / tested sigma), so that ``prepare_gate_c``'s
+    standardisation returns the joint model's structure."""
     beta = true_beta(est, design.data, design.band, agent_effects(0.0))
-    sim = simulate_block(design.data, est, beta, 0.0, inflation, rng, frames=frames)
+    sim = simulate_block(design.data, est, beta, 0.0, inflation, rng,
+                         frames=own_frames(est, frames, inflation, rng, deviation_cov))
     y = sim.y * judge_sigma / pilot_residual_sd(est)
     return design.table.assign(outcome=y, delta=y)
 
@@ -253,8 +271,8 @@ def shared_primary(design: SimulatedDesign, est: PilotEstimates, beta: np.ndarra
 
 
 __all__ = ["H5Estimates", "h5_estimates", "pilot_residual_sd", "control_tables", "addressee_design",
-           "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "h5_frame_deviations", "shared_primary",
-           "AddresseeDesign"]
+           "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "h5_frame_deviations",
+           "shared_primary", "AddresseeDesign", "own_frames"]
 
 
 def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str,
