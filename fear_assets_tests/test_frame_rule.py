@@ -214,3 +214,18 @@ def test_a_fit_short_of_the_rule_is_extended_each_run_recorded_then_reported_not
     assert [r["draws_per_chain"] for r in extended.runs] == [40, 500]
     assert extended.runs[0]["contrasts_short"] and not extended.runs[1]["contrasts_short"]
     assert all(r["label_reported"] == r["label"] and not r["convergence_problems"] for r in extended.rows)
+
+
+def test_the_record_counts_the_forms_the_rule_picked_per_frame_count():
+    """The registration record's power section stores, per frame count, how many simulated
+    primary fits the rule sampled in each form (one H2 row per dataset); batch files written
+    before the column existed give no counts rather than made-up ones."""
+    from fear_assets.simulation.sampling import frame_forms
+
+    rows = [{"contrast": c, "frames": f, "dataset": i, "frame_parametrisation": form}
+            for f, forms in ((50, ["centred", "centred", "non_centred"]), (60, ["centred"]))
+            for i, form in enumerate(forms) for c in ("H1", "H2", "H3")]
+    rows.append({"contrast": "gate_c", "frames": 50, "dataset": 0, "frame_parametrisation": None})
+    labels = pd.DataFrame(rows)
+    assert frame_forms(labels) == {"50": {"centred": 2, "non_centred": 1}, "60": {"centred": 1}}
+    assert frame_forms(labels.drop(columns="frame_parametrisation")) == {}
