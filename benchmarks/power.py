@@ -264,8 +264,13 @@ def main() -> int:
     a_frames = "by the registered rule per dataset"
     if args.a_warm_start:
         log(f"a: compile once + with_data + warm start from a fit on another dataset; frame effects {a_frames}")
+        # A warm start lives in one form's unconstrained space: the form the rule picks on the
+        # reference dataset is kept for every dataset of the arm.
+        from fear_assets.analysis.parametrisation import frame_parametrisation
+
+        a_frames = frame_parametrisation(warm_data, rule)
         a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[],
-                                   rule=rule)
+                                   frames=a_frames)
         warm_idata, warm_s, _ = timed(lambda: a_fitter.fit(warm_data, 999))
         a_fitter.warm, a_fitter.store_unconstrained = warm_start_from(warm_idata), False
     else:
