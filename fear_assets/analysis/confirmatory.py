@@ -300,7 +300,7 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
     fit_remedied("gate_c", fit_at, contrasts, reg.draws)
 
 
-def h5(inputs: Inputs, block, out: Result) -> None:
+def h5(inputs: Inputs, block, out: Result, fit_remedied) -> None:
     """H5: d'(self, T) - d'(self, H) at the registered H5 depth; content-removed trials
     inform only the criterion."""
     from fear_assets.analysis.h5_model import build_h5_model, h5_contrast, prepare_h5
