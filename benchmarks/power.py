@@ -19,8 +19,8 @@ row by row, ``predictor="direct"``, as the model reads in 6.1):
   a          this project's path, as ``power_simulation`` fits: compile once per shape and process,
              swap data per dataset (``with_data``), the registered sampler, mu evaluated per distinct
              design row (``predictor="cells"``, ``primary_model.design_cells``), the frame effects
-             sampled as the simulation picks for the generating values
-             (``simulation.sampling.frame_parametrisation``: centred or non-centred, one posterior).
+             sampled as the registered rule picks on each dataset
+             (``analysis.parametrisation.frame_parametrisation``: centred or non-centred, one posterior).
              With ``--a-warm-start`` (results key ``<quick|full>_warm_start``): chains warm-started
              from a fit on another dataset of the same design (unconstrained posterior mean as
              ``init_mean``, its step size as ``initial_step``) with ``--a-tune`` tuning steps.
@@ -229,7 +229,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from fear_assets.analysis.primary_model import Fitter, Priors
     from fear_assets.settings import load_settings
-    from fear_assets.simulation.sampling import WarmStartFitter, simulated_frame_parametrisation, warm_start_from
+    from fear_assets.simulation.sampling import WarmStartFitter, warm_start_from
 
     settings = load_settings()
     frames = args.frames or (5 if args.quick else 50)
@@ -258,18 +258,24 @@ def main() -> int:
     log("c_cells: the same loop on the cells graph (non-centred)")
     c_cells = loop_arm("c_cells", Fitter(priors, draws, tune, chains, cache=[], predictor="cells"), data, band,
                        hdi_prob, seeds, log)
-    # The project's path samples the frame effects as the simulation would for these generating
-    # values (simulation.sampling.frame_parametrisation; the same posterior either way, D3b).
-    a_frames = simulated_frame_parametrisation(estimates(), design, float(settings.power.slope_sd_inflation))
+    # The project's path samples each dataset's frame effects as the registered rule picks on
+    # that dataset (analysis.parametrisation; the same posterior either way, D3b).
+    rule = settings.fitting.frame_parametrisation
+    a_frames = "by the registered rule per dataset"
     if args.a_warm_start:
         log(f"a: compile once + with_data + warm start from a fit on another dataset; frame effects {a_frames}")
+        # A warm start lives in one form's unconstrained space: the form the rule picks on the
+        # reference dataset is kept for every dataset of the arm.
+        from fear_assets.analysis.parametrisation import frame_parametrisation
+
+        a_frames = frame_parametrisation(warm_data, rule)
         a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[],
                                    frames=a_frames)
         warm_idata, warm_s, _ = timed(lambda: a_fitter.fit(warm_data, 999))
         a_fitter.warm, a_fitter.store_unconstrained = warm_start_from(warm_idata), False
     else:
         log(f"a: the power simulation's path (compile once + with_data, registered sampler); frame effects {a_frames}")
-        a_fitter, warm_s = Fitter(priors, draws, tune, chains, cache=[], frames=a_frames), 0.0
+        a_fitter, warm_s = Fitter(priors, draws, tune, chains, cache=[], rule=rule), 0.0
     a = loop_arm("a", a_fitter, data, band, hdi_prob, seeds, log)
     a["warm_start_fit_s"] = warm_s
     a["frame_effects"] = a_frames

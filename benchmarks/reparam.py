@@ -17,7 +17,7 @@ Each fit: nutpie, registered 2 x (500 + 500), low-rank mass matrix, one BLAS thr
 compilation timed apart. Figures: compile and sampling seconds (wall and CPU), mean leapfrog
 steps per draw, divergences, H1-H3 bulk/tail ESS and R-hat, the number of model parameters
 (intercept, beta, frame_chol, unit_sd, sigma, nu) missing the convergence rule, seconds to ESS
-400 on the worst contrast, and the form ``simulation.sampling.frame_parametrisation`` picks
+400 on the worst contrast, and the form ``analysis.parametrisation.frame_parametrisation`` picks
 for the case. The last line printed is
 ``centred_speedup_realistic=<x> centred_speedup_no_slopes=<y> rule_realistic=<form> rule_no_slopes=<form>``
 (speed-up: the non-centred form's seconds to ESS 400 on its worst contrast over the centred
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     from fear_assets.analysis.primary_model import Priors
     from fear_assets.settings import load_settings
-    from fear_assets.simulation.sampling import frame_parametrisation
+    from fear_assets.analysis.parametrisation import frame_parametrisation
 
     settings = load_settings()
     s, conv = settings.sampler, settings.convergence
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cases": {}}
     for case in args.cases.split(","):
         d, sd, unit_sd, residual_sd = case_data(settings, case, frames_per_fear, depths, args.seed)
-        picked = frame_parametrisation(sd, residual_sd, d.Z, d.frame, d.n_frames)
+        picked = frame_parametrisation(d, settings.fitting.frame_parametrisation)  # the registered rule, on the data
         print(f"{case}: {len(d.y)} rows, frame SDs {sd.tolist()}, unit SD {unit_sd}; the rule picks {picked}", flush=True)
         arms = {}
         for form in FORMS:

@@ -18,7 +18,7 @@ import yaml
 
 from fear_assets.errors import SettingsError
 from fear_assets.hashing import sha256_obj
-from fear_assets.settings_sections import (Binding, Convergence, Decision, DepthBandRule, Exclusion, Generation,
+from fear_assets.settings_sections import (Binding, Convergence, Decision, DepthBandRule, Exclusion, Fitting, Generation,
                                            H5DepthRule, Matching, PositiveControls, Power, PriorSettings, Probe, ReportScoring,
                                            Sampler, Section, ZeroPreference, typed_sections)
 
@@ -248,6 +248,10 @@ class ProtocolSettings:
     @property
     def convergence(self) -> Convergence:
         return self.sections["convergence"]
+
+    @property
+    def fitting(self) -> Fitting:
+        return self.sections["fitting"]
 
     @property
     def positive_controls(self) -> PositiveControls:

@@ -302,6 +302,42 @@ def nested(section: type) -> Any:
 
 
 @dataclass(frozen=True)
+class FrameParametrisationRule(Section):
+    """D3b: the one rule choosing how a primary-model fit samples its frame effects, in the
+    analysis and the power simulation alike (``analysis.parametrisation``)."""
+
+    NAME: ClassVar[str] = "fitting.frame_parametrisation"
+    centring_min_ratio: float = registered(POSITIVE)
+    centring_min_frames: int = registered(integer(2))
+
+
+@dataclass(frozen=True)
+class ConvergenceRemedy(Section):
+    """6.1-6.2: what is done when a reported contrast misses the convergence rule: the fit is
+    rerun with ``extension_draws`` more draws per extension, at most ``max_extensions`` times;
+    a contrast still short is reported as not converged."""
+
+    NAME: ClassVar[str] = "fitting.convergence_remedy"
+    extension_draws: int = registered(integer(1))
+    max_extensions: int = registered(integer(0))
+    # The embedded demonstration's limit (its time budget; its labels are descriptive anyway).
+    demo_max_extensions: int = registered(integer(0))
+
+    def for_family(self, embedded: bool) -> "ConvergenceRemedy":
+        """The remedy a family's analysis runs under: the demo's limit for the embedded family."""
+        return dataclasses.replace(self, max_extensions=self.demo_max_extensions) if embedded else self
+
+
+@dataclass(frozen=True)
+class Fitting(Section):
+    """How every registered fit is sampled beyond the sampler's draws (D3b, 6.1-6.2)."""
+
+    NAME: ClassVar[str] = "fitting"
+    frame_parametrisation: FrameParametrisationRule = nested(FrameParametrisationRule)
+    convergence_remedy: ConvergenceRemedy = nested(ConvergenceRemedy)
+
+
+@dataclass(frozen=True)
 class PowerDemo(Section):
     """The embedded demo's reduced power simulation: NOT the registered simulation (6.3); it
     fits the main job's time budget and says so in every output."""
@@ -335,7 +371,7 @@ class Power(Section):
 
 
 SECTIONS = (PriorSettings, Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
-            Convergence, PositiveControls, Exclusion, Probe, Generation, Power)
+            Convergence, Fitting, PositiveControls, Exclusion, Probe, Generation, Power)
 
 
 def typed_sections(path: Path, raw: Mapping[str, Any]) -> dict[str, Section]:

@@ -365,7 +365,7 @@ def test_audit_gate_c_judge_own_surprisal(settings, bank, smol_tokenizer):
                     band=["d1"], h5_depth="d1", pilot_sigma=0.5, depth_tokens={}, prefix="", registered=reg,
                     seed=lambda name: 1, pilot_sigma_judge=0.5, gate_c_priors=GateCPriors.from_settings(settings))
     out = Result()
-    gate_c(inputs, simulate(frames=1), simulate(frames=1), out, add=None)
+    gate_c(inputs, simulate(frames=1), simulate(frames=1), out, fit_remedied=None)
     assert out.rows[0]["status"] == "not_available" and "judge's own sentence surprisal" in out.rows[0]["note"]
 
 

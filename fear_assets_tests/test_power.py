@@ -163,30 +163,34 @@ def test_batch_store_round_trip(tmp_path):
 
 # --- the frame effects' parametrisation ---------------------------------------------------
 def test_frame_effects_are_centred_only_where_each_frames_data_outweigh_their_scale(settings):
-    from fear_assets.simulation.sampling import (CENTRING_MIN_FRAMES, CENTRING_MIN_RATIO, frame_parametrisation,
-                                                 simulated_frame_parametrisation)
-    from fear_assets.simulation.generator import frame_covariance
+    """The registered rule (settings fitting.frame_parametrisation), on the scales it measured:
+    centred at the threshold ratio and above it, non-centred as soon as one effect's SD falls
+    below the threshold, with no slope variance, or with fewer frames than the registered least."""
+    from fear_assets.analysis.parametrisation import FrameScales, choose_form
 
-    design = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], CENTRING_MIN_FRAMES, (0.2, 0.2), seed=3)
-    d = design.data
-    per_frame = np.stack([np.bincount(d.frame, weights=d.Z[:, j] ** 2) for j in range(6)], axis=1).mean(axis=0)
-    se = 0.2 / np.sqrt(per_frame)  # each effect's per-frame standard error at residual SD 0.2
-    choose = lambda sd: frame_parametrisation(sd, 0.2, d.Z, d.frame, d.n_frames)  # noqa: E731
-    assert choose(CENTRING_MIN_RATIO * se) == "centred"  # at the threshold
+    rule = settings.fitting.frame_parametrisation
+    ratio, least = rule.centring_min_ratio, rule.centring_min_frames
+    se = np.array([0.02, 0.03, 0.03, 0.02, 0.03, 0.03])  # each effect's per-frame standard error
+    choose = lambda sd, n=least: choose_form(FrameScales(tuple(sd), tuple(se), n), ratio, least)  # noqa: E731
+    assert choose(ratio * se) == "centred"  # at the threshold
     assert choose(5 * se) == "centred"
     for j in range(6):  # one scale below its standard error is enough for the non-centred form
         below = 5 * se
-        below[j] = 0.9 * CENTRING_MIN_RATIO * se[j]
+        below[j] = 0.9 * ratio * se[j]
         assert choose(below) == "non_centred", j
     assert choose([0.5, 0, 0, 0, 0, 0]) == "non_centred"  # no slope variance: centring would funnel
-    # A simulation decides at its generating values: inflated slopes, the Student-t residual's SD.
-    est = _estimates(sigma=0.01)
-    sd = np.sqrt(np.diag(frame_covariance(est, 1.5)))
-    assert simulated_frame_parametrisation(est, design, 1.5) == choose(sd * 0.2 / (0.01 * np.sqrt(8 / 6))) == "centred"
-    assert simulated_frame_parametrisation(_estimates(sigma=5.0), design, 1.5) == "non_centred"
-    # Fewer frames than the registered simulation's least: the frame scales stay uncertain.
-    few = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], 5, (0.2, 0.2), seed=3)
-    assert frame_parametrisation(np.full(6, 10.0), 0.01, few.data.Z, few.data.frame, few.data.n_frames) == "non_centred"
+    # Fewer frames than the registered least: the frame scales stay uncertain.
+    assert choose(np.full(6, 10.0), least - 1) == "non_centred"
+    # A simulation decides on each simulated dataset, as the analysis does on its data: large
+    # frame scales against a small residual give centred, a large residual non-centred.
+    from fear_assets.analysis.parametrisation import frame_parametrisation
+
+    design = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], least, (0.2, 0.2), seed=3)
+    beta = true_beta(_estimates(), design.data, design.band, agent_effects(0.0))
+    pinned = simulate_block(design.data, _estimates(sigma=0.01), beta, 0.0, 1.5, np.random.default_rng(4))
+    noisy = simulate_block(design.data, _estimates(sigma=5.0), beta, 0.0, 1.5, np.random.default_rng(4))
+    assert frame_parametrisation(pinned, rule) == "centred"
+    assert frame_parametrisation(noisy, rule) == "non_centred"
 
 
 # --- fitting: compile once, swap data ----------------------------------------------------

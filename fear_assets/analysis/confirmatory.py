@@ -20,7 +20,7 @@ import pandas as pd
 
 from fear_assets.analysis.controls import CONTROLS, control_verdict, fit_control
 from fear_assets.analysis.data import AGENTS, kept, levels_of, model_table
-from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells
+from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells, remedied, remedy_draws
 from fear_assets.analysis.gate_b import recall_rows
 from fear_assets.analysis.primary_model import Fitter, MissingBandDepthError, divergences, hypotheses
 
@@ -40,6 +40,8 @@ class Registered:
     draws: int
     tune: int
     chains: int
+    #: settings ``fitting.convergence_remedy`` (None: the registered run only, no extension).
+    convergence_remedy: object = None
 
 
 @dataclass
@@ -79,6 +81,8 @@ class Result:
     by_depth: pd.DataFrame | None = None
     fits: dict[str, Fit] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The convergence remedy's runs (fits.remedied): one row per run of every remedied fit.
+    extensions: list[dict] = field(default_factory=list)
     exclusions: pd.DataFrame | None = None  # 4.8: per cell, trials, excluded and each reason's count
 
 
@@ -103,50 +107,71 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         return (model_table(rows, own, dict(inputs.fears_of), inputs.neutral_option, outcome)
                 if len(rows) else rows)
 
-    def add(name: str, kind: str, draws: np.ndarray, fit, scale: str = "Delta", rope: float | None = None,
-            note: str = "") -> dict:
+    def summary(name: str, kind: str, draws: np.ndarray, fit, scale: str = "Delta", rope: float | None = None,
+                note: str = "") -> dict:
         # ``fit``: anything with chains, diagnostics["divergences"] and rows (Fit, ControlFit).
-        row = contrast_summary(name, draws, fit.chains, reg.hdi_prob, reg.sesoi, rope,
-                               fit.diagnostics["divergences"], kind=kind, status="estimated", scale=scale,
-                               note=note, trials=fit.rows)
-        row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
+        return contrast_summary(name, draws, fit.chains, reg.hdi_prob, reg.sesoi, rope,
+                                fit.diagnostics["divergences"], kind=kind, status="estimated", scale=scale,
+                                note=note, trials=fit.rows, frame_parametrisation=getattr(fit, "frames", None))
+
+    def put(row: dict, draws: np.ndarray) -> dict:
         out.rows.append(row)
-        out.draws[name] = np.asarray(draws)
-        inputs.log(f"{name}: mean {row['mean']:.3f}, {reg.hdi_prob:.0%} HDI [{row['hdi_low']:.3f}, "
+        out.draws[row["contrast"]] = np.asarray(draws)
+        inputs.log(f"{row['contrast']}: mean {row['mean']:.3f}, {reg.hdi_prob:.0%} HDI [{row['hdi_low']:.3f}, "
                    f"{row['hdi_high']:.3f}] -> {row['label']}")
         return row
+
+    def add(name: str, kind: str, draws: np.ndarray, fit, scale: str = "Delta", rope: float | None = None,
+            note: str = "") -> dict:
+        """A contrast of fits already made (no rerun of its own)."""
+        row = summary(name, kind, draws, fit, scale, rope, note)
+        row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
+        return put(row, draws)
+
+    def fit_remedied(name: str, fit_at, contrasts, draws: int | None = None):
+        """``fit_at(fitter, draws)`` made and its ``contrasts(fit)`` ([(row, draws)]) reported under
+        the registered convergence remedy (fits.remedied): rerun, the same seed, with more
+        draws while a contrast misses the rule; the runs go to ``out.extensions``."""
+        schedule = remedy_draws(fitter.draws if draws is None else draws, reg.convergence_remedy)
+        result = remedied(name, lambda n: (lambda fit: (fit, contrasts(fit)))(fit_at(fitter.with_draws(n), n)),
+                          schedule, reg.convergence)
+        out.extensions += result.runs
+        rows = [put(row, result.draws[row["contrast"]]) for row in result.rows]
+        return result.value, rows
 
     # -- H1-H3 on Delta -------------------------------------------------------------------
     primary = table("primary")
     if primary.empty:
         raise ValueError(f"no {inputs.prefix}primary scores: materialise scores for every depth first")
-    pfit = fit_cells(fitter, primary, inputs.fears, inputs.band, inputs.seed("primary"), "primary")
+    pfit, _ = fit_remedied(
+        "primary", lambda f, _: fit_cells(f, primary, inputs.fears, inputs.band, inputs.seed("primary"), "primary"),
+        lambda fit: [(summary(h, "confirmatory", x, fit), x) for h, x in hypotheses(fit.mu).items()])
     out.fits["primary"] = pfit
-    for h, draws in hypotheses(pfit.mu).items():
-        add(h, "confirmatory", draws, pfit)
     out.by_depth = delta_by_depth(pfit, inputs)
 
     # -- same-shape refits: recall (gate b), summed, first-person, prior sensitivity -------
-    def refit(name: str, data: pd.DataFrame, kind: str, note: str = "", fixed_sd: float | None = None) -> dict:
-        fit = fit_cells(fitter, data, inputs.fears, inputs.band, inputs.seed(name), name, fixed_sd=fixed_sd)
+    def refit(name: str, data: pd.DataFrame, kind: str, note: str = "", fixed_sd: float | None = None,
+              extra=lambda fit: []) -> dict:
+        """H2 of a same-shape refit (and ``extra(fit)``'s further contrasts of the same fit)."""
+        fit, rows = fit_remedied(
+            name, lambda f, _: fit_cells(f, data, inputs.fears, inputs.band, inputs.seed(name), name, fixed_sd=fixed_sd),
+            lambda fit: [(summary(name, kind, h2(fit.mu), fit, note=note), h2(fit.mu)), *extra(fit)])
         out.fits[name] = fit
-        return add(name, kind, h2(fit.mu), fit, note=note)
+        return rows[0]
 
     # Gate (b): rows without a recall Delta leave the fit and are counted; not scored only when
     # H2 cannot be formed (gate_b.recall_rows). A not-scored gate never passes (section8_reading).
     recall = recall_rows(primary, inputs.band)
-    row = refit("gate_b_recall_H2", recall.data, "gate", recall.note) if recall.scored else \
+    # 5: "the same estimands ... on the recall branch": H1 and H3 from the recall fit (its H2
+    # is the gate (b) row), so the remedy reruns them with it.
+    recall_extra = lambda fit: [(summary(f"{h}_recall", "secondary", hypotheses(fit.mu)[h], fit,  # noqa: E731
+                                         note=f"{h} on the recall branch (same fit as gate b)"), hypotheses(fit.mu)[h])
+                                for h in ("H1", "H3")]
+    row = refit("gate_b_recall_H2", recall.data, "gate", recall.note, extra=recall_extra) if recall.scored else \
         _missing("gate_b_recall_H2", "gate", "not_scored", recall.note)
     if not recall.scored:
         out.rows.append(row)
     row["missing_rows"] = recall.missing
-    # 5: "the same estimands ... on the recall branch": H1 and H3 from the recall fit (its H2
-    # is the gate (b) row above).
-    if "gate_b_recall_H2" in out.fits:
-        recall_fit = out.fits["gate_b_recall_H2"]
-        for h in ("H1", "H3"):
-            add(f"{h}_recall", "secondary", hypotheses(recall_fit.mu)[h], recall_fit,
-                note=f"{h} on the recall branch (same fit as gate b)")
     refit("H2_summed_logprob", primary.assign(outcome=primary["delta_sum"]), "sensitivity",
           "summed rather than per-token log-probability Delta")
     first = primary["delta_first_person"].where(primary["agent"] == "self", primary["delta"])
@@ -185,13 +210,13 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_scored",
                                  f"block {inputs.prefix}judge not scored in this design"))
     else:
-        gate_c(inputs, primary, judge, out, add)
+        gate_c(inputs, primary, judge, out, fit_remedied)
 
     # -- H5: hierarchical probit at the H5 depth -------------------------------------------
-    h5(inputs, block, out)
+    h5(inputs, block, out, fit_remedied)
 
     # -- positive controls -------------------------------------------------------------------
-    controls(inputs, fitter, table, pfit, out, add)
+    controls(inputs, table, out, summary, fit_remedied)
 
     # -- secondary and sensitivity estimands that are not refits ----------------------------
     bayes = {r["contrast"]: r["label"] for r in out.rows if r["contrast"] in ("H1", "H2", "H3")}
@@ -274,7 +299,7 @@ def delta_by_depth(fit: Fit, inputs: Inputs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Result, add) -> None:
+def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Result, fit_remedied) -> None:
     """Gate (c): standardised H2 of the tested model minus the judge's, in one joint model;
     labelled with ROPE 0.15/sigma and meaningful size 0.30/sigma (sigma from the pilot)."""
     from fear_assets.analysis import gate_c as gc
@@ -298,21 +323,30 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
     d = gc.prepare_gate_c(data, levels, sigmas, inputs.gate_c_priors.reader_factor_sd, outcome="outcome")
     from fear_assets.analysis.primary_model import convergence, sample
 
-    idata = sample(gc.build_gate_c_model(d, inputs.gate_c_priors), reg.draws, reg.tune, reg.chains,
-                   inputs.seed("gate_c"))
-    draws = gc.gate_c_contrast(idata, d, list(inputs.band))
     rope, meaningful = gc.gate_c_bounds(tested_sigma, reg.sesoi, reg.meaningful)
-    fit = Fit("gate_c", d, idata, {}, list(inputs.band), len(data),
-              convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
-    row = add("gate_c_judge_H2_difference", "gate", draws, fit, scale="standardised", rope=rope,
-              note=f"ROPE +-{rope:.3f} on the standardised scale ({reg.sesoi:g}/sigma; meaningful size "
-                   f"{meaningful:.3f} = {reg.meaningful:g}/sigma; pilot sigma {tested_sigma:.4f}); practically "
-                   f"meaningful = HDI wholly beyond the ROPE")
-    decision = gc.gate_c_decision(row["hdi_low"], row["hdi_high"], tested_sigma, reg.sesoi, reg.meaningful)
-    row["label"], row["practically_meaningful"] = decision.label, decision.practically_meaningful
+
+    def fit_at(_, draws: int) -> Fit:
+        idata = sample(gc.build_gate_c_model(d, inputs.gate_c_priors), draws, reg.tune, reg.chains,
+                       inputs.seed("gate_c"))
+        return Fit("gate_c", d, idata, {}, list(inputs.band), len(data),
+                   convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
+
+    def contrasts(fit: Fit) -> list:
+        draws = gc.gate_c_contrast(fit.idata, d, list(inputs.band))
+        row = contrast_summary("gate_c_judge_H2_difference", draws, fit.chains, reg.hdi_prob, reg.sesoi, rope,
+                               fit.diagnostics["divergences"], kind="gate", status="estimated", scale="standardised",
+                               trials=fit.rows,
+                               note=f"ROPE +-{rope:.3f} on the standardised scale ({reg.sesoi:g}/sigma; meaningful "
+                                    f"size {meaningful:.3f} = {reg.meaningful:g}/sigma; pilot sigma {tested_sigma:.4f}); "
+                                    f"practically meaningful = HDI wholly beyond the ROPE")
+        decision = gc.gate_c_decision(row["hdi_low"], row["hdi_high"], tested_sigma, reg.sesoi, reg.meaningful)
+        row["label"], row["practically_meaningful"] = decision.label, decision.practically_meaningful
+        return [(row, draws)]
+
+    fit_remedied("gate_c", fit_at, contrasts, reg.draws)
 
 
-def h5(inputs: Inputs, block, out: Result) -> None:
+def h5(inputs: Inputs, block, out: Result, fit_remedied) -> None:
     """H5: d'(self, T) - d'(self, H) at the registered H5 depth; content-removed trials
     inform only the criterion."""
     from fear_assets.analysis.h5_model import build_h5_model, h5_contrast, prepare_h5
@@ -334,25 +368,22 @@ def h5(inputs: Inputs, block, out: Result) -> None:
     d = prepare_h5(rows, cells)
     if inputs.h5_priors is None:
         raise ValueError("H5 needs its registered priors (H5Priors.from_settings)")
-    idata = sample(build_h5_model(d, inputs.h5_priors), reg.draws, reg.tune, reg.chains, inputs.seed("h5"))
-    draws = h5_contrast(idata, cells)
-    row = contrast_summary("H5", draws, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
-                           kind="confirmatory", status="estimated", scale="d'", trials=len(rows),
-                           note=f"forced choices at {inputs.h5_depth} ({len(removed)} content-removed trials "
-                                "inform the criterion only)")
-    row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
-    out.rows.append(row)
-    out.draws["H5"] = draws
-    inputs.log(f"H5: mean {row['mean']:.3f}, HDI [{row['hdi_low']:.3f}, {row['hdi_high']:.3f}] -> {row['label']}")
-    # 5, secondary: plain d' for the self-threat cell and the agent x content interaction on
-    # d' (its two agent contrasts, the H2 and H3 forms), from the same probit fit.
-    for name, sec in dprime_secondaries(idata, cells).items():
-        srow = contrast_summary(name, sec, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
-                                kind="secondary", status="estimated", scale="d'", trials=len(rows),
-                                note=f"from the H5 probit at {inputs.h5_depth}")
-        srow["convergence_problems"] = "; ".join(convergence_problems(srow, reg.convergence))
-        out.rows.append(srow)
-        out.draws[name] = sec
+    def contrasts(idata) -> list:
+        draws = h5_contrast(idata, cells)
+        out_rows = [(contrast_summary("H5", draws, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
+                                      kind="confirmatory", status="estimated", scale="d'", trials=len(rows),
+                                      note=f"forced choices at {inputs.h5_depth} ({len(removed)} content-removed "
+                                           "trials inform the criterion only)"), draws)]
+        # 5, secondary: plain d' for the self-threat cell and the agent x content interaction on
+        # d' (its two agent contrasts, the H2 and H3 forms), from the same probit fit.
+        out_rows += [(contrast_summary(name, sec, reg.chains, reg.hdi_prob, reg.sesoi, divergences=divergences(idata),
+                                       kind="secondary", status="estimated", scale="d'", trials=len(rows),
+                                       note=f"from the H5 probit at {inputs.h5_depth}"), sec)
+                     for name, sec in dprime_secondaries(idata, cells).items()]
+        return out_rows
+
+    fit_remedied("h5", lambda _, n: sample(build_h5_model(d, inputs.h5_priors), n, reg.tune, reg.chains,
+                                           inputs.seed("h5")), contrasts, reg.draws)
 
 
 def dprime_secondaries(idata, cells) -> dict[str, np.ndarray]:
@@ -368,7 +399,7 @@ def dprime_secondaries(idata, cells) -> dict[str, np.ndarray]:
             "dprime_interaction_self_vs_person": effect["self"] - effect["person"]}
 
 
-def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add) -> None:
+def controls(inputs: Inputs, table, out: Result, summary, fit_remedied) -> None:
     """Positive-control contrasts (D4) with their pass rule, each from one fit over the control
     cells and the matched primary cells (``controls.fit_control``). On pilot frames the pilot's
     own control fits are reused (the same data; Appendix C runs them once)."""
@@ -390,8 +421,12 @@ def controls(inputs: Inputs, fitter: Fitter, table, pfit: Fit, out: Result, add)
             row["control_passed"] = False
             out.rows.append(row)
             continue
-        fit = fit_control(fitter, name, data, pfit_table, inputs.fears, inputs.band, inputs.seed(name))
-        verdict = control_verdict(name, fit.draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
-        row = add(f"control_{name}", "control", fit.draws, fit, note=verdict.reason + "; one fit with the matched "
-                  "primary cells" if name != "addressee_name" else verdict.reason + "; its own cells")
-        row["control_passed"] = verdict.passed
+        def contrasts(fit, name=name) -> list:
+            verdict = control_verdict(name, fit.draws, reg.hdi_prob, reg.control_min_mean, reg.control_hdi_above)
+            row = summary(f"control_{name}", "control", fit.draws, fit, note=verdict.reason + "; one fit with the "
+                          "matched primary cells" if name != "addressee_name" else verdict.reason + "; its own cells")
+            row["control_passed"] = verdict.passed
+            return [(row, fit.draws)]
+
+        fit_remedied(f"control_{name}", lambda f, _, name=name, data=data: fit_control(
+            f, name, data, pfit_table, inputs.fears, inputs.band, inputs.seed(name)), contrasts)

@@ -9,14 +9,14 @@ convergence check reads: 6.1 asks them of every reported contrast).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.data import AGENTS, levels_of, prepared
 from fear_assets.analysis.primary_model import (COVARIATES, Fitter, PrimaryData, cell_means, check_band, convergence,
-                                                posterior_draws)
+                                                frame_form_of, posterior_draws)
 from fear_assets.reading.decision import label
 
 
@@ -30,10 +30,12 @@ class Fit:
     rows: int
     diagnostics: dict
 
+    #: How the frame effects were sampled (``analysis.parametrisation``; None: a joint model).
+    frames: str | None = None
+
     @property
     def chains(self) -> int:
         return int(self.idata.posterior.sizes["chain"])
-
 
 
 def fit_cells(fitter: Fitter, table: pd.DataFrame, fears: Sequence[str], band: Sequence[str], seed: int,
@@ -50,7 +52,7 @@ def fit_cells(fitter: Fitter, table: pd.DataFrame, fears: Sequence[str], band: S
     d = prepared(table, levels, covariates)
     idata = fitter.fit(d, seed, fixed_sd=fixed_sd)
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), present)
-    return Fit(name, d, idata, mu, present, len(table), convergence(idata))
+    return Fit(name, d, idata, mu, present, len(table), convergence(idata), frame_form_of(idata))
 
 
 def contrast_diagnostics(draws: np.ndarray, chains: int) -> dict:
@@ -95,3 +97,51 @@ def diagnostics_problems(diagnostics: Mapping, rule: Mapping) -> list[str]:
     return convergence_problems({"rhat": diagnostics["max_rhat"], "ess_bulk": diagnostics["min_ess_bulk"],
                                  "ess_tail": diagnostics["min_ess_tail"], "divergences": diagnostics["divergences"]},
                                 rule)
+
+
+#: The label a contrast is reported with when it still misses the convergence rule after the
+#: registered remedy (its HDI label stays in ``label``, flagged and never read).
+NOT_CONVERGED = "not converged"
+
+
+def remedy_draws(draws: int, remedy) -> list[int]:
+    """Draws per chain of each run the registered remedy allows (settings
+    ``fitting.convergence_remedy``): the registered run, then each extension adding
+    ``extension_draws``, ``max_extensions`` times. ``remedy`` None: the registered run only."""
+    if remedy is None:
+        return [int(draws)]
+    return [int(draws) + k * int(remedy.extension_draws) for k in range(int(remedy.max_extensions) + 1)]
+
+
+@dataclass
+class Remedied:
+    value: object  # what the last run returned (its fit)
+    rows: list[dict]  # the last run's contrast rows, each with its convergence outcome
+    draws: dict[str, np.ndarray]  # the last run's contrast draws
+    runs: list[dict]  # one record per run: fit, run, draws per chain, the contrasts short and why
+
+
+def remedied(name: str, run_at: Callable[[int], tuple[object, list[tuple[dict, np.ndarray]]]],
+             schedule: Sequence[int], rule: Mapping) -> Remedied:
+    """The registered remedy for a fit whose reported contrasts miss the convergence rule:
+    ``run_at(draws)`` fits with that many draws per chain (the same seeds) and returns (fit,
+    [(contrast row, draws), ...]); it is rerun at each longer draw count of ``schedule``
+    while any of its contrasts misses ``rule``, every run recorded. A contrast still short
+    after the last run keeps its HDI label in ``label`` and is reported as ``NOT_CONVERGED``
+    (``label_reported``); the rows carry the runs made and the draws of the run reported."""
+    runs, value, pairs = [], None, []
+    for i, n in enumerate(schedule):
+        value, pairs = run_at(int(n))
+        short = {row["contrast"]: convergence_problems(row, rule) for row, _ in pairs}
+        short = {k: v for k, v in short.items() if v}
+        runs.append({"fit": name, "run": i, "draws_per_chain": int(n), "contrasts_short": ", ".join(short),
+                     "problems": " | ".join(f"{k}: {'; '.join(v)}" for k, v in short.items())})
+        if not short:
+            break
+    rows = []
+    for row, _ in pairs:
+        problems = convergence_problems(row, rule)
+        rows.append({**row, "convergence_problems": "; ".join(problems), "fit_runs": len(runs),
+                     "draws_per_chain": runs[-1]["draws_per_chain"],
+                     "label_reported": NOT_CONVERGED if problems else row["label"]})
+    return Remedied(value, rows, {row["contrast"]: np.asarray(x) for row, x in pairs}, runs)

@@ -25,6 +25,7 @@ so there is one copy of them.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -393,11 +394,15 @@ class Fitter:
     evaluated (``PREDICTORS``); the posterior is the same."""
 
     def __init__(self, priors: Priors, draws: int, tune: int, chains: int, cache: list | None = None,
-                 frames: str = "non_centred", predictor: str = "cells"):
+                 frames: str = "non_centred", predictor: str = "cells", rule=None):
         check_choice("frames", frames, FRAME_PARAMETRISATIONS, "Fitter")
         check_choice("predictor", predictor, PREDICTORS, "Fitter")
         self.priors, self.draws, self.tune, self.chains, self.frames = priors, draws, tune, chains, frames
         self.predictor = predictor
+        # The registered frame-parametrisation rule (settings fitting.frame_parametrisation):
+        # where given, each primary-model fit's form is chosen from its own data and ``frames``
+        # is only the form of a lookup without data.
+        self.rule = rule
         self._compiled = COMPILED if cache is None else cache
         self.compilations = 0  # by this Fitter (a model another Fitter compiled is reused, not counted)
 
@@ -424,27 +429,62 @@ class Fitter:
             self.compilations += 1
         return compiled
 
+    def form_for(self, d: PrimaryData) -> str:
+        """How ``d``'s frame effects are sampled: the registered rule on ``d`` where this
+        Fitter has one (``analysis.parametrisation``), else the fixed ``frames``."""
+        if self.rule is None:
+            return self.frames
+        from fear_assets.analysis.parametrisation import frame_parametrisation
+
+        return frame_parametrisation(d, self.rule)
+
+    def with_draws(self, draws: int) -> "Fitter":
+        """The same Fitter (priors, rule, compiled models) sampling ``draws`` draws per chain:
+        the convergence remedy's longer rerun (``fits.remedied``)."""
+        other = copy.copy(self)
+        other.draws = int(draws)
+        return other
+
     def fit(self, d: PrimaryData, seed: int, fixed_sd: float | None = None):
         """Sample the registered model on ``d``; ``fixed_sd`` replaces the fixed-effect prior
         sd (the prior-sensitivity refit). ``d`` may also be a joint two-block model's data
-        (``analysis.joint.JointData``), which names its own build/shape/update functions."""
+        (``analysis.joint.JointData``), which names its own build/shape/update functions.
+        A primary-model fit records its frame-effect form in ``idata.posterior.attrs``
+        (``frame_parametrisation``)."""
         sd = self.priors.fixed_sd if fixed_sd is None else float(fixed_sd)
-        build, same, updates = (d.model_functions() if hasattr(d, "model_functions")
-                                else (BUILDERS[(self.frames, self.predictor)], same_shape,
-                                      lambda d: data_updates(d, self.predictor)))
+        form = None
+        if hasattr(d, "model_functions"):
+            build, same, updates = d.model_functions()
+        else:
+            form = self.form_for(d)
+            build, same, updates = (BUILDERS[(form, self.predictor)], same_shape,
+                                    lambda d: data_updates(d, self.predictor))
         try:
             import nutpie
         except ImportError:
             priors = Priors(**{**self.priors.__dict__, "fixed_sd": sd})
-            return sample(build(d, priors), self.draws, self.tune, self.chains, seed)
+            return _with_form(sample(build(d, priors), self.draws, self.tune, self.chains, seed), form)
         compiled = self.compiled_for(d, build, same).with_data(**updates(d), fixed_sd=np.asarray(sd, dtype="float64"))
         with one_blas_thread():
-            return nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
-                                 progress_bar=False, low_rank_modified_mass_matrix=True, **self.sample_options())
+            return _with_form(nutpie.sample(compiled, draws=self.draws, tune=self.tune, chains=self.chains, seed=seed,
+                                            progress_bar=False, low_rank_modified_mass_matrix=True,
+                                            **self.sample_options()), form)
 
     def sample_options(self) -> dict:
         """Extra ``nutpie.sample`` arguments (none here; a warm-started Fitter adds its start)."""
         return {}
+
+
+def _with_form(idata, form: str | None):
+    if form is not None:
+        idata.posterior.attrs["frame_parametrisation"] = form
+    return idata
+
+
+def frame_form_of(idata) -> str | None:
+    """The frame-effect form a ``Fitter`` fit was sampled with (None: not recorded, e.g. a
+    joint model's fit)."""
+    return idata.posterior.attrs.get("frame_parametrisation")
 
 
 def one_blas_thread():

@@ -108,13 +108,14 @@ def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
     )
 
 
-def _registered(settings) -> Registered:
+def _registered(settings, embedded: bool = False) -> Registered:
     d, s, pc = settings.decision, settings.sampler, settings.positive_controls
     return Registered(hdi_prob=d.hdi_prob, sesoi=d.sesoi, meaningful=d.meaningful,
                       sensitivity_sd=settings.priors.sensitivity_fixed_effect_sd,
                       convergence=settings.convergence, flag_rate=settings.exclusion.cell_flag_rate,
                       control_min_mean=pc.pass_min_mean, control_hdi_above=pc.hdi_above,
-                      draws=s.draws, tune=s.tune, chains=s.chains)
+                      draws=s.draws, tune=s.tune, chains=s.chains,
+                      convergence_remedy=settings.fitting.convergence_remedy.for_family(embedded))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "pymc"},
@@ -143,7 +144,7 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     unmasked = unmask(scores, assignment_key, list(family.depth_keys), scores, read_record(protocol.registration_dir))
     prefix = "" if frame_set == "confirmatory" else "pilot_"
     band = [depth_key(d) for d in record["depth_band"]]
-    registered = _registered(settings)
+    registered = _registered(settings, family.role == "embedded")
     fitter = registered_fitter(settings)
     inputs = Inputs(
         scores=unmasked, surprisal=sentence_surprisal, fears_of={i: bank.item(i).group for i in unmasked["item_id"].unique()},
@@ -196,6 +197,10 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
         "exclusions by cell (4.8)": dg.MetadataValue.md(
             result.exclusions.to_markdown(index=False) if result.exclusions is not None else "none"),
         "draws": f"{draws_path} (sha256 {sha256_file(draws_path)[:12]})",
+        "frame effects sampled (registered rule, per fit)": dg.MetadataValue.json(
+            {name: fit.frames for name, fit in result.fits.items() if getattr(fit, "frames", None)}),
+        "convergence remedy runs": dg.MetadataValue.md(readable_markdown(pd.DataFrame(result.extensions))
+                                                       if result.extensions else "none"),
     })
 
 

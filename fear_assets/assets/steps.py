@@ -125,9 +125,11 @@ def candidates(settings, bank, family_key: str) -> list[str]:
 
 
 def fitter(settings) -> Fitter:
-    """The registered model under the registered priors and sampler (6.1)."""
+    """The registered model under the registered priors and sampler (6.1), its frame effects
+    sampled as the registered rule picks per fit (D3b; ``analysis.parametrisation``)."""
     s = settings.sampler
-    return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains)
+    return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains,
+                  rule=settings.fitting.frame_parametrisation)
 
 
 def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:

@@ -203,6 +203,8 @@ def power_markdown(power: Mapping[str, Any] | None) -> list[str]:
               f"- Fits: {power['fits']}, of which {power['fits_missing_convergence_rule']} miss the convergence rule "
               "(kept; rates without them are in the label frequencies)",
               f"- Not simulated: {'; '.join(f'{k}: {v}' for k, v in power['not_simulated'].items()) or 'none'}",
+              f"- Frame effects (D3b, the registered rule per dataset): "
+              f"{power.get('frame_parametrisation', {}).get('primary_fits_by_form') or 'not recorded'}",
               "", "| target | frames | rate | MC SE | n | bound | met |", "|---|---|---|---|---|---|---|"]
     for t in power["targets"]:
         rate = "n/a" if t["n"] == 0 else f"{t['rate']:.3f}"

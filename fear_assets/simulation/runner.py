@@ -24,7 +24,7 @@ import pandas as pd
 
 from fear_assets.analysis.controls import control_verdict
 from fear_assets.analysis.fits import contrast_summary, convergence_problems
-from fear_assets.analysis.primary_model import Fitter, cell_means, divergences, hypotheses, posterior_draws
+from fear_assets.analysis.primary_model import Fitter, cell_means, divergences, frame_form_of, hypotheses, posterior_draws
 from fear_assets.hashing import derived_seed
 from fear_assets.simulation.design import SimulatedDesign
 from fear_assets.analysis.data import AGENTS, CONTENTS
@@ -44,7 +44,7 @@ WITH_PRIMARY = ("control_instructed_interaction", "control_instructed_priority",
 #: Stored per contrast; timings stay out so the same inputs give byte-identical batch files.
 LABEL_COLUMNS = ["family", "scenario", "frames", "dataset", "contrast", "truth", "mean", "hdi_low", "hdi_high",
                  "label", "practically_meaningful", "control_passed", "rhat", "ess_bulk", "ess_tail", "divergences",
-                 "converged", "convergence_problems"]
+                 "converged", "convergence_problems", "frame_parametrisation"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def not_simulated(est: PilotEstimates, blocks: Sequence[str]) -> dict[str, str]:
 
 def _label_row(family: str, scenario: str, frames: int, dataset: int, contrast: str, truth: float, draws: np.ndarray,
                chains: int, n_divergences: int, rules: Rules, rope: float | None = None,
-               decision=None) -> dict:
+               decision=None, frame_form: str | None = None) -> dict:
     row = contrast_summary(contrast, draws, chains, rules.hdi_prob, rules.sesoi, rope, divergences=n_divergences)
     if decision is not None:  # gate (c): its own rule on the standardised scale
         row["label"], row["practically_meaningful"] = decision(row["hdi_low"], row["hdi_high"])
@@ -122,7 +122,7 @@ def _label_row(family: str, scenario: str, frames: int, dataset: int, contrast: 
             "label": row["label"], "practically_meaningful": row["practically_meaningful"], "control_passed": passed,
             "rhat": row["rhat"], "ess_bulk": row["ess_bulk"], "ess_tail": row["ess_tail"],
             "divergences": row["divergences"], "converged": not problems,
-            "convergence_problems": "; ".join(problems)}
+            "convergence_problems": "; ".join(problems), "frame_parametrisation": frame_form}
 
 
 def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, rules: Rules, family: str,
@@ -170,7 +170,7 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
             chains = int(idata.posterior.sizes["chain"])
             h = hypotheses(cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band))
             draws = h if block == "primary" else {REPORTED[block][0]: h["H2"]}
-            rows += [row(c, x, chains, divergences(idata)) for c, x in draws.items()]
+            rows += [row(c, x, chains, divergences(idata), frame_form=frame_form_of(idata)) for c, x in draws.items()]
         elif block in ("control_instructed_interaction", "control_instructed_priority", "control_marked_priority"):
             effects, shift = block_effects(block, size, est.controls)
             control, matched = models.control_tables(design, est, primary, frames, effects, shift, rules.inflation,
@@ -207,7 +207,8 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
             d = replace(d4, y=table["log_odds"].to_numpy(float))
             idata = fitter.fit(d, seed_of(block))
             h = hypotheses(cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band))
-            rows.append(row("H4", h["H2"], int(idata.posterior.sizes["chain"]), divergences(idata)))
+            rows.append(row("H4", h["H2"], int(idata.posterior.sizes["chain"]), divergences(idata),
+                            frame_form=frame_form_of(idata)))
         elif block == "forced_choice":
             from fear_assets.analysis.h5_model import prepare_h5
 

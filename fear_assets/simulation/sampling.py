@@ -1,13 +1,11 @@
 """Sampler set-ups for the simulation's fits (6.3): the frame effects' parametrisation, and
 a warm start kept only where it matches a long run.
 
-``frame_parametrisation`` picks, per simulation run, how the primary model's frame effects
-are sampled (both forms leave the joint prior as registered, D3b). Centring pays where each
-frame's data pin its effects down more than the group scale does: at registered size (288
-rows a frame, the generator's realistic variance components) it reached ESS 400 on every
-contrast 1.78x sooner, where the non-centred form left H1 at the rule's edge; with no
-frame-slope variance it diverged (benchmarks/reparam.py, RESULTS.md). The generating scales are
-known in a simulation, so the choice is made from them.
+How a simulated dataset's frame effects are sampled is decided by the one registered rule
+that the analysis applies to its data (``analysis.parametrisation.frame_parametrisation``,
+settings ``fitting.frame_parametrisation``), on that dataset: so the power gate validates the
+fitting path the analysis takes. :func:`frame_forms` counts what the rule picked, for the
+registration record's power section.
 
 Every simulated dataset of a family shares the design, so the posterior geometry barely
 changes between datasets. ``WarmStartFitter`` compiles the registered model once per shape
@@ -21,51 +19,22 @@ same datasets; it is used only where that holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
-from fear_assets.analysis.primary_model import Fitter, student_t_sd
-
-
-#: Centre only where every frame effect's generating SD is at least this multiple of its
-#: per-frame standard error. In a normal hierarchy the break-even is 1; with six correlated
-#: effects the well-pinned frame intercept weighs more: benchmarks/reparam.py measured the
-#: centred form far better at ratios down to 0.9 (5 and 50 frames, realistic scales) and far
-#: worse at 0 (no slope variance), so the line is drawn between, at 0.5.
-CENTRING_MIN_RATIO = 0.5
-#: ... and only with this many frames (the registered simulation's least). With few frames the
-#: frame scales themselves stay uncertain, and at 5 frames the measurements split: centred
-#: better on the quick benchmark's data, non-centred better on the embedded demo's (no
-#: divergences against 3-20 per fit; RESULTS.md "Frame effects").
-CENTRING_MIN_FRAMES = 50
+from fear_assets.analysis.primary_model import Fitter
 
 
-def frame_parametrisation(frame_sd: Sequence[float], residual_sd: float, Z: np.ndarray, frame: np.ndarray,
-                          n_frames: int) -> str:
-    """"centred" where there are at least ``CENTRING_MIN_FRAMES`` frames and, for every frame
-    effect j, the generating SD ``frame_sd[j]`` is at least ``CENTRING_MIN_RATIO`` times its
-    per-frame standard error ``residual_sd / sqrt(sum of Z[:, j]^2 over a frame's rows)``
-    (averaged over frames); "non_centred" otherwise. Pure."""
-    if n_frames < CENTRING_MIN_FRAMES:
-        return "non_centred"
-    sd = np.asarray(frame_sd, dtype=float)[:Z.shape[1]]
-    information = np.stack([np.bincount(frame, weights=Z[:, j] ** 2, minlength=n_frames)
-                            for j in range(Z.shape[1])], axis=1).mean(axis=0)
-    standard_error = residual_sd / np.sqrt(np.maximum(information, 1e-300))
-    return "centred" if bool(np.all(sd >= CENTRING_MIN_RATIO * standard_error)) else "non_centred"
-
-
-def simulated_frame_parametrisation(est, design, inflation: float) -> str:
-    """:func:`frame_parametrisation` at a simulation's generating values: the pilot frame SDs
-    with the slopes inflated (``generator.frame_covariance``) and the Student-t residual's SD
-    (its scale where nu <= 2, which has no SD)."""
-    from fear_assets.simulation.generator import frame_covariance
-
-    sd = np.sqrt(np.diag(frame_covariance(est, inflation)))
-    residual = float(student_t_sd(est.sigma, est.nu)) if est.nu > 2.0 else est.sigma
-    d = design.data
-    return frame_parametrisation(sd, float(residual), d.Z, d.frame, d.n_frames)
+def frame_forms(labels: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per frame count, how many simulated datasets' primary fits the registered rule sampled
+    centred or non-centred (from a label table's H2 rows; {} where the table predates the
+    ``frame_parametrisation`` column). Pure."""
+    if "frame_parametrisation" not in labels or labels.empty:
+        return {}
+    h2 = labels[(labels["contrast"] == "H2") & labels["frame_parametrisation"].notna()]
+    return {str(int(frames)): {str(k): int(v) for k, v in part["frame_parametrisation"].value_counts().items()}
+            for frames, part in h2.groupby("frames")}
 
 
 @dataclass(frozen=True)
@@ -89,8 +58,8 @@ class WarmStartFitter(Fitter):
 
     def __init__(self, priors, draws: int, tune: int, chains: int, warm: WarmStart | None = None,
                  store_unconstrained: bool = False, cache: list | None = None, frames: str = "non_centred",
-                 predictor: str = "cells"):
-        super().__init__(priors, draws, tune, chains, cache, frames, predictor)
+                 predictor: str = "cells", rule=None):
+        super().__init__(priors, draws, tune, chains, cache, frames, predictor, rule)
         self.warm, self.store_unconstrained = warm, store_unconstrained
 
     def sample_options(self) -> dict:

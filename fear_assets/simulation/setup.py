@@ -21,15 +21,16 @@ def sampler_of(settings, family_key: str) -> dict:
 FITTERS: dict = {}
 
 
-def fitter_for(settings, family_key: str, frames: str = "non_centred"):
-    """One Fitter per sampler set-up and process: the model compiles once per shape (D7).
-    ``frames``: the primary model's frame-effect parametrisation (``sampling.frame_parametrisation``)."""
+def fitter_for(settings, family_key: str):
+    """One Fitter per sampler set-up and process: the model compiles once per shape and form
+    (D7). Each simulated dataset's frame-effect form is chosen by the registered rule on that
+    dataset, as the analysis chooses it on its data (``analysis.parametrisation``)."""
 
     s = sampler_of(settings, family_key)
-    key = (settings.sha256, s["draws"], s["tune"], s["chains"], frames)
+    key = (settings.sha256, s["draws"], s["tune"], s["chains"])
     if key not in FITTERS:
         FITTERS[key] = Fitter(Priors.from_settings(settings), int(s["draws"]), int(s["tune"]), int(s["chains"]),
-                              frames=frames)
+                              rule=settings.fitting.frame_parametrisation)
     return FITTERS[key]
 
 

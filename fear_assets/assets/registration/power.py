@@ -36,7 +36,7 @@ from fear_assets.simulation.generator import pilot_estimates
 from fear_assets.analysis.h4 import h4_data
 from fear_assets.analysis.primary_model import Priors
 from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
-from fear_assets.simulation.sampling import simulated_frame_parametrisation
+from fear_assets.simulation.sampling import frame_forms
 from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
@@ -136,8 +136,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     band = str(power_pilot_estimates["band"].iloc[0]).split(",")
     design = simulated_design(settings, family.depth_keys, band, frames, est.covariate_sd,
                               dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
-    frames_form = simulated_frame_parametrisation(est, design, settings.power.slope_sd_inflation)
-    fitter = fitter_for(settings, family_key, frames_form)
+    fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
     blocks = p.demo.blocks if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
@@ -146,7 +145,9 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     return dg.MaterializeResult(metadata={
         "path": str(path), "datasets": len(datasets), "rows (trials per block)": design.rows,
         "seconds": round(time.perf_counter() - t, 1), "compilations (this process)": fitter.compilations,
-        "frame effects sampled (same prior either way)": frames_form,
+        "frame effects sampled (registered rule, per dataset; same prior either way)": dg.MetadataValue.json(
+            labels.drop_duplicates(["dataset", "frame_parametrisation"])["frame_parametrisation"].dropna()
+            .value_counts().to_dict()),
         "fits missing the convergence rule": int((~labels["converged"]).sum()),
         "label frequencies (plot)": report_plots.metadata_image(report_plots.label_frequency_plot(labels),
                                                                 "power simulation label frequencies"),
@@ -185,6 +186,10 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                                       f"{settings.section('power')['demo']}") if demo else "",
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
+               # D3b: the registered rule's pick for each simulated dataset's primary fit, per frame count
+               # (the analysis applies the same rule to its data).
+               "frame_parametrisation": {"rule": dict(vars(settings.fitting.frame_parametrisation)),
+                                         "primary_fits_by_form": frame_forms(labels)},
                "fits": int(len(labels)),
                "batches_found": int(len(list(directory.glob('*.parquet')))), "batches_registered": expected,
                **{k: v for k, v in decision.items() if k != "targets"},
