@@ -67,6 +67,8 @@ def test_known_standardised_difference_is_recovered(settings):
     assert judge_low < 0.0 < judge_high
 
 
+# A second fit that shows the recovery test can fail; run with -m slow (its figures: README).
+@pytest.mark.slow
 def test_the_recovery_data_fail_a_model_without_frame_slopes(settings):
     """The recovery test above is a test of the frame slopes: the same data through the joint
     model without agent x content frame slopes (neither shared nor per reader) give a gate

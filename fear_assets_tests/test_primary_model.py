@@ -81,6 +81,8 @@ def test_known_h2_is_recovered_and_labelled(settings):
     assert low1 < 0.8 / 3 < high1
 
 
+# A second fit that shows the recovery test can fail; run with -m slow (its figures: README).
+@pytest.mark.slow
 def test_the_recovery_data_fail_a_model_without_frame_slopes(settings):
     """The recovery test above is a test of the frame slopes: the same data through the model
     without the agent x content frame slopes give an H2 HDI that misses the truth."""

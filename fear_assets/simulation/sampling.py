@@ -37,6 +37,13 @@ def frame_forms(labels: pd.DataFrame) -> dict[str, dict[str, int]]:
             for frames, part in h2.groupby("frames")}
 
 
+def frame_forms_record(rule, labels: pd.DataFrame) -> dict:
+    """The record's power-section entry for D3b: the registered rule's thresholds and, per
+    frame count, the forms it picked for the simulated primary fits (the analysis applies the
+    same rule to its data). ``rule``: the settings' ``fitting.frame_parametrisation``. Pure."""
+    return {"rule": dict(vars(rule)), "primary_fits_by_form": frame_forms(labels)}
+
+
 @dataclass(frozen=True)
 class WarmStart:
     init_mean: np.ndarray  # unconstrained posterior mean of the reference fit

@@ -36,7 +36,7 @@ from fear_assets.simulation.generator import pilot_estimates
 from fear_assets.analysis.h4 import h4_data
 from fear_assets.analysis.primary_model import Priors
 from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
-from fear_assets.simulation.sampling import frame_forms
+from fear_assets.simulation.sampling import frame_forms_record
 from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
 from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
 from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
@@ -186,10 +186,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                                       f"{settings.section('power')['demo']}") if demo else "",
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
-               # D3b: the registered rule's pick for each simulated dataset's primary fit, per frame count
-               # (the analysis applies the same rule to its data).
-               "frame_parametrisation": {"rule": dict(vars(settings.fitting.frame_parametrisation)),
-                                         "primary_fits_by_form": frame_forms(labels)},
+               "frame_parametrisation": frame_forms_record(settings.fitting.frame_parametrisation, labels),
                "fits": int(len(labels)),
                "batches_found": int(len(list(directory.glob('*.parquet')))), "batches_registered": expected,
                **{k: v for k, v in decision.items() if k != "targets"},
