@@ -140,8 +140,9 @@ def test_a_dataset_the_former_default_cannot_fit_converges_under_the_registered_
     result = remedied("primary", lambda n: (lambda fit: (fit, _contrast_rows(settings, fit)))(
         fit_cells(fitter.with_draws(n), table, FEARS, band, seed, "primary")),
         remedy_draws(s.draws, settings.fitting.convergence_remedy), rule)
+    assert all(not r["convergence_problems"] and r["label_reported"] == r["label"] for r in result.rows), \
+        [r["problems"] for r in result.runs]
     assert result.value.frames == "centred"  # the rule's pick, recorded with the fit
-    assert all(not r["convergence_problems"] and r["label_reported"] == r["label"] for r in result.rows), result.runs
     h2 = next(r for r in result.rows if r["contrast"] == "H2")
     assert h2["hdi_low"] < 0.3 < h2["hdi_high"]
 
