@@ -5,7 +5,7 @@ Run (from the repository root; the machine is shared, so at low priority):
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/event_surprisal.py
 
 What it times, side by side in one process on SmolLM2-135M-Instruct (CPU, float32, the
-embedded checkpoint the main job loads), with ``fear_assets.lm.surprisal.sentence_surprisal``
+embedded checkpoint the main job loads), with ``fear_assets.pilot.surprisal.sentence_surprisal``
 (one prefill of each rotation's system prompt, the sentences batched from its KV cache):
 
   frames   the embedded design's candidate frames only (what ``sentence_surprisal`` measured
@@ -35,9 +35,9 @@ from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.trials import candidate_frames, registered_selection
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.models import load_model, registry
-from fear_assets.lm.surprisal import sentence_surprisal
+from fear_assets.pilot.surprisal import sentence_surprisal
 from fear_assets.pilot.matching import event_differences, event_verdicts
-from fear_assets.settings import DEFAULT_CACHE_DIR, load_settings
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, load_settings
 from fear_assets.stimuli.bank import load_bank
 
 FAMILY = "smollm2-135m"

@@ -5,7 +5,7 @@ Run (from the repository root; the machine is shared, so at low priority):
     nice -n 19 .venv/bin/python benchmarks/fit.py            # registered size, 14,400 rows (<= 25 min)
     nice -n 19 .venv/bin/python benchmarks/fit.py --quick    # 10 frames x 2 depths, 720 rows (~2-3 min)
 
-Model. ``fear_assets.analysis.primary_model``: ``prepare`` -> ``build_model`` with the
+Model. ``fear_assets.models.primary_model``: ``prepare`` -> ``build_model`` with the
 registered priors (``Priors.from_settings``), unchanged (sum-to-zero coding, six correlated
 frame effects non-centred through the LKJ(2) Cholesky factor, non-centred unit intercept,
 Student-t likelihood).
@@ -121,7 +121,7 @@ def levels_for(fears, depths) -> dict:
 
 def simulate(levels: dict, frames_per_fear: int, seed: int) -> pd.DataFrame:
     """Registered-size design with unit and frame effects and a known H2 (module docstring)."""
-    from fear_assets.analysis.coding import frame_slopes
+    from fear_assets.models.coding import frame_slopes
 
     rng = np.random.default_rng(seed)
     fears, depths = levels["fear"], levels["depth"]
@@ -156,7 +156,7 @@ def simulate(levels: dict, frames_per_fear: int, seed: int) -> pd.DataFrame:
 
 def h2_weights(d, band) -> np.ndarray:
     """H2 is linear in beta: H2 = beta @ w (cell_means and hypotheses on the unit vectors)."""
-    from fear_assets.analysis.primary_model import cell_means, hypotheses
+    from fear_assets.models.primary_model import cell_means, hypotheses
 
     p = d.X.shape[1]
     return np.asarray(hypotheses(cell_means(d, np.eye(p), np.zeros(p), band))["H2"], dtype=float)
@@ -166,7 +166,7 @@ def h2_weights(d, band) -> np.ndarray:
 # One arm (child process)
 # ---------------------------------------------------------------------------------------
 def h2_chain_draw(d, idata, band) -> np.ndarray:
-    from fear_assets.analysis.primary_model import cell_means, hypotheses, posterior_draws
+    from fear_assets.models.primary_model import cell_means, hypotheses, posterior_draws
 
     chains, draws = idata.posterior.sizes["chain"], idata.posterior.sizes["draw"]
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band)
@@ -186,8 +186,8 @@ def run_arm(args) -> int:
     t_process = time.perf_counter()
     work = Path(args.workdir)
     spec = json.loads((work / "spec.json").read_text())
-    from fear_assets.analysis.primary_model import Priors, build_model, convergence, prepare
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Priors, build_model, convergence, prepare
+    from fear_assets.core.settings import load_settings
 
     settings = load_settings()
     t_imports = time.perf_counter() - t_process
@@ -542,8 +542,8 @@ def main(argv=None) -> int:
         return 0
 
     started = time.perf_counter()
-    from fear_assets.hashing import derived_seed
-    from fear_assets.settings import load_settings
+    from fear_assets.core.hashing import derived_seed
+    from fear_assets.core.settings import load_settings
 
     settings = load_settings()
     sampler = settings.section("sampler")

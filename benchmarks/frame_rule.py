@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fear_assets.analysis.data import levels_of, prepared  # noqa: E402
-from fear_assets.analysis.fits import convergence_problems, fit_cells  # noqa: E402
-from fear_assets.analysis.parametrisation import frame_parametrisation, frame_scales  # noqa: E402
-from fear_assets.analysis.primary_model import Fitter, Priors  # noqa: E402
-from fear_assets.hashing import derived_seed  # noqa: E402
-from fear_assets.settings import load_settings  # noqa: E402
+from fear_assets.models.data import levels_of, prepared  # noqa: E402
+from fear_assets.models.fits import convergence_problems, fit_cells  # noqa: E402
+from fear_assets.models.parametrisation import frame_parametrisation, frame_scales  # noqa: E402
+from fear_assets.models.primary_model import Fitter, Priors  # noqa: E402
+from fear_assets.core.hashing import derived_seed  # noqa: E402
+from fear_assets.core.settings import load_settings  # noqa: E402
 from fear_assets_tests.test_frame_rule import FEARS, INFORMATIVE, _contrast_rows, benchmark_frames  # noqa: E402
 
 CASES = ((0.3, 0.3), (0.25, 0.4), (0.4, 0.5))  # (every frame effect's SD, residual scale)

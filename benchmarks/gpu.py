@@ -56,7 +56,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
 
 from fear_assets.lm.engine import TeacherForcedEngine  # noqa: E402
 from fear_assets.lm.requests import Request  # noqa: E402
-from fear_assets.settings import load_settings  # noqa: E402
+from fear_assets.core.settings import load_settings  # noqa: E402
 
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "gpu.json"
 LENGTHS = [1024, 2048, 4096, 8192, 16384]

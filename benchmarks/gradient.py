@@ -43,8 +43,8 @@ def main() -> int:
     import pytensor.tensor as pt
 
     import power
-    from fear_assets.analysis.primary_model import PREDICTORS, Priors, build_model, primary_cells
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import PREDICTORS, Priors, build_model, primary_cells
+    from fear_assets.core.settings import load_settings
 
     settings = load_settings()
     load = os.getloadavg()

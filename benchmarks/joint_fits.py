@@ -73,9 +73,9 @@ def arm(name: str) -> dict:
     import arviz as az
 
     from fear_assets.analysis.controls import CONTRASTS, fit_control
-    from fear_assets.analysis.fits import fit_cells
-    from fear_assets.analysis.primary_model import Fitter, Priors
-    from fear_assets.settings import load_settings
+    from fear_assets.models.fits import fit_cells
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.core.settings import load_settings
 
     settings = load_settings()
     sampler = settings.section("sampler")
@@ -107,8 +107,8 @@ def arm(name: str) -> dict:
             out["controls"][control] = {"mean": float(f.draws.mean()), "hdi_width": float(high - low)}
     else:
         from fear_assets.analysis.gate_c import GateCPriors, build_gate_c_model, gate_c_contrast, prepare_gate_c
-        from fear_assets.analysis.primary_model import sample
-        from fear_assets.analysis.data import levels_of
+        from fear_assets.models.primary_model import sample
+        from fear_assets.models.data import levels_of
 
         priors = GateCPriors.from_settings(settings)
         data = pd.concat([primary.assign(reader="tested"), table(6).assign(reader="judge")], ignore_index=True)

@@ -1,4 +1,4 @@
-"""Per-step CPU seconds of the main job (``python -m fear_assets.main``).
+"""Per-step CPU seconds of the main job (``python -m fear_assets.defs.main``).
 
 On a shared machine wall-clock time says little; the CPU seconds a step spends (this
 process, its threads, and its child processes: joblib workers, compilers) depend far less
@@ -64,7 +64,7 @@ def main() -> int:
             args.out.write_text(json.dumps({"steps": steps}, indent=1))
 
     dg.materialize = timed_materialize
-    from fear_assets import main as main_job
+    from fear_assets.defs import main as main_job
 
     w0, c0 = time.perf_counter(), tree_cpu_seconds()
     rc = main_job.run(args.duckdb)

@@ -107,7 +107,7 @@ def datasets(settings, frames: int, depths: int, n: int):
 
 
 def contrasts(d, idata, band) -> dict:
-    from fear_assets.analysis.primary_model import cell_means, hypotheses, posterior_draws
+    from fear_assets.models.primary_model import cell_means, hypotheses, posterior_draws
 
     chains = idata.posterior.sizes["chain"]
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), list(band))
@@ -150,8 +150,8 @@ def child_b(workdir: str) -> int:
     """Arm b in its own process: fresh model and pm.sample per dataset (recompiling)."""
     import pymc as pm
 
-    from fear_assets.analysis.primary_model import Priors, build_model
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Priors, build_model
+    from fear_assets.core.settings import load_settings
 
     spec = json.loads((Path(workdir) / "spec.json").read_text())
     data = pickle.loads((Path(workdir) / "data.pkl").read_bytes())
@@ -227,8 +227,8 @@ def main() -> int:
     if args.child_b:
         return child_b(args.child_b)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from fear_assets.analysis.primary_model import Fitter, Priors
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.core.settings import load_settings
     from fear_assets.simulation.sampling import WarmStartFitter, warm_start_from
 
     settings = load_settings()
@@ -266,7 +266,7 @@ def main() -> int:
         log(f"a: compile once + with_data + warm start from a fit on another dataset; frame effects {a_frames}")
         # A warm start lives in one form's unconstrained space: the form the rule picks on the
         # reference dataset is kept for every dataset of the arm.
-        from fear_assets.analysis.parametrisation import frame_parametrisation
+        from fear_assets.models.parametrisation import frame_parametrisation
 
         a_frames = frame_parametrisation(warm_data, rule)
         a_fitter = WarmStartFitter(priors, draws, args.a_tune, chains, store_unconstrained=True, cache=[],
@@ -282,7 +282,7 @@ def main() -> int:
     log("b_nutpie: recompile per dataset with nutpie")
 
     def recompile_nutpie():
-        from fear_assets.analysis.primary_model import build_model, sample
+        from fear_assets.models.primary_model import build_model, sample
 
         rows = []
         for i, (d, seed) in enumerate(zip(data[:1], seeds)):

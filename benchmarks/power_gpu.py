@@ -64,7 +64,7 @@ def _load(name: str):
 def contrast_weights(d, band, keep_sizes) -> tuple[np.ndarray, np.ndarray, list]:
     """H1-H3 as an affine map of the kept vector [intercept, beta]: H = kept @ W + c. Exact:
     ``cell_means`` and ``hypotheses`` are linear in (intercept, beta); checked on random draws."""
-    from fear_assets.analysis.primary_model import cell_means, hypotheses
+    from fear_assets.models.primary_model import cell_means, hypotheses
 
     n = sum(keep_sizes)
     basis = np.vstack([np.zeros(n), np.eye(n)])
@@ -84,8 +84,8 @@ def contrast_weights(d, band, keep_sizes) -> tuple[np.ndarray, np.ndarray, list]
 def export(args) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from fear_assets.analysis.primary_model import Priors, build_model
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Priors, build_model
+    from fear_assets.core.settings import load_settings
     from fear_assets.simulation.vectorised import VectorisedNUTS, check_export, export_logdensity
     from power import datasets  # benchmarks/power.py's generator
 

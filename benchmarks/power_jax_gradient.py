@@ -37,8 +37,8 @@ def main() -> int:
     import pytensor.tensor as pt
     from pymc.sampling.jax import get_jaxified_graph
 
-    from fear_assets.analysis.primary_model import Priors, build_model
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Priors, build_model
+    from fear_assets.core.settings import load_settings
     from power import datasets  # benchmarks/power.py's generator
 
     settings = load_settings()

@@ -28,8 +28,8 @@ def main() -> int:
     args = ap.parse_args()
     import nutpie
 
-    from fear_assets.analysis.primary_model import Priors, build_model, one_blas_thread
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Priors, build_model, one_blas_thread
+    from fear_assets.core.settings import load_settings
     from power import datasets
 
     settings = load_settings()

@@ -38,8 +38,8 @@ def main() -> int:
     ap.add_argument("--c-datasets", type=int, help="fit only the first N datasets with (c) (its per-dataset mean)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from fear_assets.analysis.primary_model import Fitter, Priors, build_model, cell_means, hypotheses, posterior_draws
-    from fear_assets.settings import load_settings
+    from fear_assets.models.primary_model import Fitter, Priors, build_model, cell_means, hypotheses, posterior_draws
+    from fear_assets.core.settings import load_settings
     from fear_assets.simulation.vectorised import VectorisedNUTS
     from power import datasets, stats
 

@@ -48,7 +48,7 @@ FORMS = ("non_centred", "centred")
 def case_data(settings, case: str, frames_per_fear: int, depths: int, seed: int):
     import fit as fitbench
 
-    from fear_assets.analysis.primary_model import prepare
+    from fear_assets.models.primary_model import prepare
 
     levels = fitbench.levels_for(settings.fears, [f"d{i}" for i in range(1, depths + 1)])
     saved = fitbench.FRAME_SD.copy(), fitbench.UNIT_SD
@@ -68,7 +68,7 @@ def fit_one(d, priors, form: str, band, seed: int, draws: int, tune: int, chains
     import arviz as az
     import nutpie
 
-    from fear_assets.analysis.primary_model import (build_model, cell_means, hypotheses, one_blas_thread,
+    from fear_assets.models.primary_model import (build_model, cell_means, hypotheses, one_blas_thread,
                                                     posterior_draws)
 
     t = time.perf_counter()
@@ -112,9 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="realistic,no_slopes")
     args = ap.parse_args(argv)
 
-    from fear_assets.analysis.primary_model import Priors
-    from fear_assets.settings import load_settings
-    from fear_assets.analysis.parametrisation import frame_parametrisation
+    from fear_assets.models.primary_model import Priors
+    from fear_assets.core.settings import load_settings
+    from fear_assets.models.parametrisation import frame_parametrisation
 
     settings = load_settings()
     s, conv = settings.sampler, settings.convergence

@@ -93,7 +93,7 @@ from fear_assets.lm.engine import TeacherForcedEngine, encode_pair, naive_scores
 from fear_assets.lm.requests import Request  # noqa: E402
 from fear_assets.lm.scoring import build_requests  # noqa: E402
 from fear_assets.lm.models import load_model, registry  # noqa: E402
-from fear_assets.settings import DEFAULT_BANK_DIR, load_settings  # noqa: E402
+from fear_assets.core.settings import DEFAULT_BANK_DIR, load_settings  # noqa: E402
 from fear_assets.stimuli.bank import load_bank  # noqa: E402
 
 EMBEDDED = "smollm2-135m"

@@ -90,7 +90,7 @@ def _io_manager_writer(store: str, location: str):
     import duckdb
     from dagster._core.storage.db_io_manager import TableSlice, TablePartitionDimension
 
-    from fear_assets.resources.store import (EmptyAwarePandasTypeHandler, ParquetDbClient, ParquetPandasTypeHandler,
+    from fear_assets.defs.resources.store import (EmptyAwarePandasTypeHandler, ParquetDbClient, ParquetPandasTypeHandler,
                                              TransactionalDuckDbClient)
 
     counts = {"lock_errors": 0}
@@ -242,7 +242,7 @@ def _check(counts: list, n: int) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from fear_assets.resources.store import connect_store
+    from fear_assets.defs.resources.store import connect_store
     from fear_assets_tests.postgres_server import temporary_postgres
 
     ap = argparse.ArgumentParser()

@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
-from fear_assets.reading.decision import label, section8_reading  # noqa: E402  (the public decision API)
+from fear_assets.models.decision import label
+from fear_assets.reading.decision import section8_reading  # noqa: E402  (the public decision API)
 
 __all__ = ["label", "section8_reading", "__version__"]

@@ -37,7 +37,7 @@ telemetry:
 """
 WORKSPACE_YAML = """load_from:
   - python_module:
-      module_name: fear_assets.definitions
+      module_name: fear_assets.defs.definitions
       location_name: two_facts_one_gate
       working_directory: {root}
 """
@@ -60,9 +60,9 @@ def build_store(home: Path) -> dict[str, str]:
     (home / "workspace.yaml").write_text(WORKSPACE_YAML.format(root=ROOT))
     code = (
         "import json, sys, dagster as dg\n"
-        "from fear_assets.definitions import all_assets, all_checks, resources\n"
-        "from fear_assets.partitions import registered_partition_keys\n"
-        "from fear_assets.resources.protocol import ProtocolResource\n"
+        "from fear_assets.defs.definitions import all_assets, all_checks, resources\n"
+        "from fear_assets.defs.partitions import registered_partition_keys\n"
+        "from fear_assets.defs.resources.protocol import ProtocolResource\n"
         "SETTINGS = ProtocolResource().settings()\n"
         "inst = dg.DagsterInstance.get()\n"
         "res = resources(None)\n"

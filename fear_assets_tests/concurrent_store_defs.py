@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from fear_assets.resources.store import store_io_manager
+from fear_assets.defs.resources.store import store_io_manager
 
 PARTITIONS = [f"p{i:02d}" for i in range(int(os.environ.get("FEAR_TEST_PARTITIONS", "4")))]
 partitions = dg.StaticPartitionsDefinition(PARTITIONS)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fear_assets.lm.tokenizers import load_tokenizer
-from fear_assets.settings import DEFAULT_BANK_DIR, load_settings
+from fear_assets.core.settings import DEFAULT_BANK_DIR, load_settings
 from fear_assets.stimuli.bank import load_bank
 
 EMBEDDED = "smollm2-135m"

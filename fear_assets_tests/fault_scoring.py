@@ -74,14 +74,15 @@ def write_job(path: Path, rows: pd.DataFrame, requests: list, tokenizer, max_new
 
 def build_defs(job: str | Path, db: str | Path, chunks: str | Path, pool: str | None = None) -> dg.Definitions:
     """``pool="gpu"`` puts the step in the model pool, as the project's scoring assets are."""
-    from fear_assets.resources.store import store_io_manager
+    from fear_assets.defs.resources.store import store_io_manager
 
     @dg.asset(partitions_def=PARTITIONS, metadata={"partition_expr": "fault_partition"}, pool=pool)
     def fault_scores(context: dg.AssetExecutionContext, config: FaultScoringConfig):
         from fear_assets.lm.engine import TeacherForcedEngine
-        from fear_assets.lm.resumable import dagster_progress, score_resumably, scoring_salt
+        from fear_assets.defs.progress import dagster_progress
+        from fear_assets.lm.resumable import score_resumably, scoring_salt
         from fear_assets.lm.scoring import ScoringSettings, score_requests
-        from fear_assets.lm.trial_scores import assemble
+        from fear_assets.design.trial_scores import assemble
 
         with open(job, "rb") as f:
             payload = pickle.load(f)
@@ -120,7 +121,7 @@ def materialize(job, db, chunks, generation: str = "new", keep_chunks: bool = Fa
 
 
 def _die_inside_the_store_transaction() -> None:
-    from fear_assets.resources import store
+    from fear_assets.defs.resources import store
 
     original = store.EmptyAwarePandasTypeHandler.handle_output
 

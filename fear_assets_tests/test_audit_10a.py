@@ -11,12 +11,12 @@ import pytest
 import xarray as xr
 
 from fear_assets.analysis.controls import fit_control, priority_contrast
-from fear_assets.analysis.data import covariate_centres, kept, model_table, prepared
-from fear_assets.analysis.exclusions import exclusion_rates
-from fear_assets.analysis.fits import fit_cells
+from fear_assets.models.data import covariate_centres, kept, model_table, prepared
+from fear_assets.models.exclusions import exclusion_rates
+from fear_assets.models.fits import fit_cells
 from fear_assets.analysis.gate_c import GateCPriors, build_gate_c_model, gate_c_decision, prepare_gate_c
-from fear_assets.analysis.joint import JointData
-from fear_assets.analysis.primary_model import (Fitter, MissingBandDepthError, MissingCovariateError, Priors,
+from fear_assets.models.joint import JointData
+from fear_assets.models.primary_model import (Fitter, MissingBandDepthError, MissingCovariateError, Priors,
                                                 ResidualSDNotFiniteError, build_model, cell_means,
                                                 implied_residual_sd, prepare)
 
@@ -308,7 +308,7 @@ def test_audit_band_depth_missing_is_an_error(settings):
 # ---------------------------------------------------------------------------------------
 def test_audit_missing_secondaries_dprime(settings):
     from fear_assets.analysis.confirmatory import dprime_secondaries
-    from fear_assets.analysis.h5_model import cell_label
+    from fear_assets.models.h5_model import cell_label
 
     labels = [cell_label(c) for c in CELLS]
     values = np.array([1.0, 0.4, 0.5, 0.3, 0.6, 0.5])  # d' per cell in CELLS order
@@ -351,7 +351,7 @@ def test_audit_missing_secondaries_generated_reports_and_recall(bank):
 def test_audit_gate_c_judge_own_surprisal(settings, bank, smol_tokenizer):
     from fear_assets.analysis.confirmatory import Inputs, Registered, Result, gate_c
     from fear_assets.design.documents import DocumentBuilder
-    from fear_assets.lm.surprisal import system_context
+    from fear_assets.pilot.surprisal import system_context
 
     from fear_assets_tests.conftest import EMBEDDED
 
@@ -434,7 +434,7 @@ def _demo_scores(seed=0):
 @pytest.mark.slow
 def test_audit_confirmatory_run_at_demo_size(settings, bank, tmp_path):
     from fear_assets.analysis.confirmatory import Inputs, Registered, run
-    from fear_assets.analysis.h5_model import H5Priors
+    from fear_assets.models.h5_model import H5Priors
 
     scores = _demo_scores()
     surprisal = _surprisal()

@@ -14,20 +14,20 @@ import pytest
 
 import fear_assets
 from fear_assets.analysis.gate_b import recall_rows
-from fear_assets.assets.analysis import posteriors_converged
-from fear_assets.assets.reading import section8_reading as section8_reading_asset
-from fear_assets.assets.pilot.binding import binding_gate
-from fear_assets.assets.pilot.depths import pilot_depths
-from fear_assets.assets.registration.record import registration_gates
-from fear_assets.errors import FearAssetsError, FreezeError
+from fear_assets.defs.assets.analysis import posteriors_converged
+from fear_assets.defs.assets.reading import section8_reading as section8_reading_asset
+from fear_assets.defs.assets.pilot.binding import binding_gate
+from fear_assets.defs.assets.pilot.depths import pilot_depths
+from fear_assets.defs.assets.registration.record import registration_gates
+from fear_assets.core.errors import FearAssetsError, FreezeError
 from fear_assets.pilot.binding import in_context_rate
 from fear_assets.pilot.depth_rules import depth_band, neutral_mention_rates
 from fear_assets.pilot.report_scoring import score_reports
-from fear_assets.reading.decision import GATE_LABELS, LABELS, POWER_GATE_NOT_RUN
+from fear_assets.models.decision import GATE_LABELS, LABELS, POWER_GATE_NOT_RUN
 from fear_assets.reading.inputs import cross_family_statement, reading_inputs
 from fear_assets.registration.gates import (binding_outcomes, deviations, power_gate, registration_status)
 from fear_assets.registration.record import markdown, read_family_record, write_family_record
-from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.defs.resources.protocol import ProtocolResource
 
 REFUSALS = ["I can't", "I cannot", "I'm sorry"]
 
@@ -243,7 +243,7 @@ def test_audit_power_refused_record_does_not_freeze_the_next_run(tmp_path):
     """After a refused registration (e.g. no power result) the fix changes inputs; the freeze
     check then warns against the refused record instead of blocking the re-run. A registered
     record still blocks."""
-    from fear_assets.assets.pilot.surprisal import matches_registration_record
+    from fear_assets.defs.assets.pilot.surprisal import matches_registration_record
 
     manifest = pd.DataFrame([{"family": "fam", "role": "tested", "checkpoint": "x", "file": "f", "sha256": "0" * 64,
                               "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])

@@ -15,7 +15,7 @@ from fear_assets.design.accounting import trial_accounting
 from fear_assets.design.masking import assignment_key, mask
 from fear_assets.design.trials import build_grid, registered_selection
 from fear_assets.pilot.matching import equivalence, frame_differences
-from fear_assets.resources.models import LanguageModelResource
+from fear_assets.defs.resources.models import LanguageModelResource
 
 from fear_assets_tests.conftest import EMBEDDED
 
@@ -120,9 +120,9 @@ class TinyLanguageModel(LanguageModelResource):
 def gate_store(tmp_path_factory, settings, smol_tokenizer):
     """frame_bank, a name_gate whose stored selection is GATE_SELECTION and sentence_surprisal
     of the embedded family, through Dagster and DuckDB."""
-    from fear_assets.definitions import all_assets, all_checks, resources
+    from fear_assets.defs.definitions import all_assets, all_checks, resources
     from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX
-    from fear_assets.resources.store import SCHEMA
+    from fear_assets.defs.resources.store import SCHEMA
 
     tmp = tmp_path_factory.mktemp("gate_store")
     db, cache = str(tmp / "store.duckdb"), str(tmp / "cache")
@@ -170,7 +170,7 @@ def test_audit_selected_names_in_surprisal(gate_store, settings):
             assert part.loc[part["agent"] == agent, "sentence"].str.startswith(names[agent] + " ").all()
     # The name token(s) are located in the selected name, so the non-name statistic excludes it.
     assert (agents["n_name_tokens"] >= 1).all()
-    from fear_assets.lm.surprisal import require_same_names, surprisal_names
+    from fear_assets.pilot.surprisal import require_same_names, surprisal_names
 
     assert surprisal_names(surprisal) == GATE_SELECTION
     require_same_names(surprisal, GATE_SELECTION, "test")  # the names the documents carry (trial_table)
@@ -201,7 +201,7 @@ def test_audit_secondary_events_reject_an_agent(bank_copy, settings):
     """An event written with an agent slot or a verb table is refused, naming the fix."""
     import yaml
 
-    from fear_assets.errors import BankError
+    from fear_assets.core.errors import BankError
     from fear_assets.stimuli.bank import load_bank
 
     path = bank_copy / "events" / "surprise_only.yaml"
@@ -246,8 +246,8 @@ def test_audit_secondary_events_single_cell(settings, bank):
     # A settings file that gives a class an agent cell again is refused.
     import yaml
 
-    from fear_assets.errors import SettingsError
-    from fear_assets.settings import validate_settings
+    from fear_assets.core.errors import SettingsError
+    from fear_assets.core.settings import validate_settings
 
     raw = yaml.safe_load(open(settings.path))
     raw["design"]["cell_sets"]["surprise_only"] = [["self", "surprise_only"], ["peer", "surprise_only"]]

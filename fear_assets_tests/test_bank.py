@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from fear_assets.errors import BankError
+from fear_assets.core.errors import BankError
 from fear_assets.stimuli.bank import load_bank, syntax_signature
 
 

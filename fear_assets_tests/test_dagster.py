@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from fear_assets.definitions import all_assets, all_checks, resources
-from fear_assets.partitions import FAMILY_EXPR, family_depth_partitions, family_partitions, registered_partition_keys
+from fear_assets.defs.definitions import all_assets, all_checks, resources
+from fear_assets.defs.partitions import FAMILY_EXPR, family_depth_partitions, family_partitions, registered_partition_keys
 from fear_assets.registration.freeze import freeze_record, write_record
-from fear_assets.resources.store import SCHEMA, duckdb_io_manager
+from fear_assets.defs.resources.store import SCHEMA, duckdb_io_manager
 from fear_assets.stimuli.bank import load_bank
 
 from fear_assets_tests.conftest import EMBEDDED
@@ -40,7 +40,7 @@ def _rows(db, table, where="true"):
 
 
 def test_definitions_load_and_checks_are_blocking():
-    from fear_assets.definitions import defs
+    from fear_assets.defs.definitions import defs
 
     defs.resolve_all_job_defs()
     gates = {"five_single_token_names", "matches_registration_record", "controls_at_chance", "pilot_probe_rules",

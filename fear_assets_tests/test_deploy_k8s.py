@@ -73,7 +73,7 @@ def test_helm_values_serve_the_k8s_definitions_with_the_multi_writer_store_and_v
 def test_k8s_definitions_load_with_the_k8s_executor_and_the_parquet_store(k8s_defs):
     from dagster_k8s import k8s_job_executor
 
-    from fear_assets.resources.store import StoreIOManager
+    from fear_assets.defs.resources.store import StoreIOManager
 
     defs = k8s_defs.defs
     job = defs.resolve_job_def("pilot_by_depth_job")  # a stage job (issue 12: foundation_job is gone)

@@ -11,8 +11,8 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-from fear_assets.analysis.primary_model import Fitter, Priors, build_model, posterior_draws, prepare
-from fear_assets.analysis.primary_model import primary_cells
+from fear_assets.models.primary_model import Fitter, Priors, build_model, posterior_draws, prepare
+from fear_assets.models.primary_model import primary_cells
 from fear_assets_tests.test_primary_model import LEVELS, simulate
 
 
@@ -93,7 +93,7 @@ def test_a_compiled_model_refits_a_design_with_other_cells(settings):
 def test_the_joint_model_gives_the_same_log_density_and_gradient(settings, per_block_sigma):
     """The two-block model (gate (c)'s readers, the controls' conditions) evaluates [X | W] per
     distinct row the same way."""
-    from fear_assets.analysis.joint import build_joint_model, joint_cells, prepare_joint
+    from fear_assets.models.joint import build_joint_model, joint_cells, prepare_joint
 
     data = simulate({"self": 0.4, "peer": 0.0, "person": 0.1}, frames=6, seed=6)  # frames 0 and 5 share a fear
     data = pd.concat([data.assign(reader="tested"), data.assign(reader="judge", delta=data.delta * 0.8)],

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 
-from fear_assets.errors import FearAssetsError, FreezeError
-from fear_assets.settings import DEFAULT_BANK_DIR, DEFAULT_SETTINGS_PATH, load_settings
+from fear_assets.core.errors import FearAssetsError, FreezeError
+from fear_assets.core.settings import DEFAULT_BANK_DIR, DEFAULT_SETTINGS_PATH, load_settings
 from fear_assets.stimuli.bank import load_bank
 
 from fear_assets_tests.faults import record
@@ -148,9 +148,9 @@ def test_fuzzed_bank_yaml_gives_a_named_error_or_a_valid_bank(tmp_path_factory, 
 
 
 def test_an_edited_bank_item_or_settings_value_is_blocked_naming_it(settings, bank, bank_copy, tmp_path):
-    from fear_assets.assets.stimuli import bank_freeze
+    from fear_assets.defs.assets.stimuli import bank_freeze
     from fear_assets.registration.freeze import freeze_record, write_record
-    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.defs.resources.protocol import ProtocolResource
 
     registration = tmp_path / "registration"
     write_record(freeze_record(settings, bank), registration)
@@ -241,9 +241,9 @@ def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(set
 
     import dagster as dg
 
-    from fear_assets.assets.pilot.surprisal import matches_registration_record
+    from fear_assets.defs.assets.pilot.surprisal import matches_registration_record
     from fear_assets.registration.record import analysis_code_sha256
-    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.defs.resources.protocol import ProtocolResource
     from fear_assets.stimuli.bank import load_bank as _load_bank
 
     bank = _load_bank(DEFAULT_BANK_DIR, settings)
@@ -257,7 +257,7 @@ def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(set
             and "manifest_sha256" in check.description)
     # Scoring's own loader: the stored manifest's files are checked before the model is used.
     from fear_assets.lm.integrity import manifest_files
-    from fear_assets.resources.models import LanguageModelResource
+    from fear_assets.defs.resources.models import LanguageModelResource
 
     with pytest.raises(ModelIntegrityError, match=r"model\.safetensors: sha256"):
         LanguageModelResource(cache_dir=str(tmp_path / "cache")).load(
@@ -292,7 +292,7 @@ def test_unmasking_before_scoring_is_locked_is_refused():
 
 
 def test_a_non_utf8_byte_in_a_bank_file_names_the_file_the_offset_and_the_encoding_fix(settings, bank_copy):
-    from fear_assets.errors import BankError
+    from fear_assets.core.errors import BankError
 
     frames = bank_copy / "frames" / "termination.yaml"
     raw = frames.read_bytes()
@@ -320,7 +320,7 @@ def test_a_non_utf8_byte_in_a_bank_file_names_the_file_the_offset_and_the_encodi
     ([], "empty"),
 ])
 def test_a_bad_depth_list_names_the_rule_it_breaks(tmp_path, depths, rule):
-    from fear_assets.errors import SettingsError
+    from fear_assets.core.errors import SettingsError
 
     raw = yaml.safe_load(SETTINGS_TEXT)
     family = next(iter(raw["families"]))

@@ -32,7 +32,7 @@ import yaml
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.table import build_trial_table
 from fear_assets.lm.scoring import build_requests
-from fear_assets.resources.store import SCHEMA
+from fear_assets.defs.resources.store import SCHEMA
 
 from fear_assets_tests import fault_scoring
 from fear_assets_tests.conftest import EMBEDDED
@@ -276,7 +276,7 @@ def test_dagster_started_from_another_directory_uses_the_projects_instance(tmp_p
 
 
 def test_a_relative_instance_path_without_dagster_home_is_a_named_error(tmp_path):
-    from fear_assets.instance import DagsterHomeError, under_dagster_home
+    from fear_assets.defs.instance import DagsterHomeError, under_dagster_home
 
     assert under_dagster_home(".dagster/storage", {"DAGSTER_HOME": str(tmp_path)}) == str(tmp_path / ".dagster/storage")
     assert under_dagster_home("/abs/storage", {}) == "/abs/storage"

@@ -31,7 +31,7 @@ from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.resumable import (ChunkError, Progress, plan_chunks, read_chunk, score_resumably,
                                       scoring_salt)
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
-from fear_assets.resources.store import SCHEMA
+from fear_assets.defs.resources.store import SCHEMA
 
 from fear_assets_tests import fault_scoring
 from fear_assets_tests.conftest import EMBEDDED
@@ -269,10 +269,10 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     run, and discards the chunks once the output is handed to the store."""
     import dagster as dg
 
-    from fear_assets.assets.pilot import scoring as scoring_assets
+    from fear_assets.defs.assets.pilot import scoring as scoring_assets
     from fear_assets.lm import resumable
-    from fear_assets.resources.models import LanguageModelResource
-    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.defs.resources.models import LanguageModelResource
+    from fear_assets.defs.resources.protocol import ProtocolResource
 
     rows, _ = partition
     model = fault_scoring.tiny_model(len(smol_tokenizer))
@@ -326,9 +326,9 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
 
 def test_over_window_truncated_and_nonfinite_trials_are_flagged_with_reasons_and_counted(
         partition, tiny_engine, smol_tokenizer, settings):
-    from fear_assets.analysis.data import kept
-    from fear_assets.analysis.exclusions import exclusion_rates
-    from fear_assets.lm.trial_scores import assemble
+    from fear_assets.models.data import kept
+    from fear_assets.models.exclusions import exclusion_rates
+    from fear_assets.design.trial_scores import assemble
 
     rows, requests = partition
     lengths = {r.key: max(len(smol_tokenizer.encode(t, add_special_tokens=False)) for t in r.branches.values())

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fear_assets.resources import store
-from fear_assets.resources.store import SCHEMA, StoreLockedError, partition_file, store_io_manager
+from fear_assets.defs.resources import store
+from fear_assets.defs.resources.store import SCHEMA, StoreLockedError, partition_file, store_io_manager
 
 from fear_assets_tests.faults import record
 

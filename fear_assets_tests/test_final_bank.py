@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fear_assets.assets.pilot.matching import matched_frames
+from fear_assets.defs.assets.pilot.matching import matched_frames
 from fear_assets.pilot.matching import final_bank_matching, matching_problems
 from fear_assets.pilot.zero_preference import zero_preference_table
 from fear_assets.registration.pilot_gates import final_selection, zero_preference_gate
-from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.defs.resources.protocol import ProtocolResource
 
 FAMILY = "qwen2.5-7b"  # a registered family: ten confirmatory frames per fear
 CONFIRMATORY = [f"TER-{n:02d}" for n in range(3, 13)]
@@ -148,7 +148,7 @@ def test_the_matching_stage_check_warns_on_its_own_tost_and_stops_only_on_missin
     matching stage's own selection they can only warn: binding may still replace frames, and
     a stop here would refuse a bank whose final selection passes. A fear short of frames
     stops (nothing later can supply them)."""
-    from fear_assets.assets.pilot.matching import matching_gate
+    from fear_assets.defs.assets.pilot.matching import matching_gate
 
     # Every frame's self threat 0.09 higher: each frame passes alone, the bank's mean does not.
     tost_only = _matched(_surprisal(reserve_level=3.0, reserve_self_threat=0.09, event_nll=3.0).assign(

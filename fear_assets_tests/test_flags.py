@@ -16,13 +16,13 @@ import pandas as pd
 
 import fear_assets
 from fear_assets.analysis.h4 import h4_flags
-from fear_assets.assets.analysis import posteriors_converged
-from fear_assets.assets.probes import at_chance
+from fear_assets.defs.assets.analysis import posteriors_converged
+from fear_assets.defs.assets.probes import at_chance
 from fear_assets.probes.carriage import h4_interpretable, interval
 from fear_assets.reading.inputs import h4_estimand_row, reading_inputs
 from fear_assets.registration.gates import registration_status
 from fear_assets.registration.pilot_gates import probe_rules_gate
-from fear_assets.settings import PROJECT_ROOT, load_settings
+from fear_assets.core.settings import PROJECT_ROOT, load_settings
 from fear_assets.simulation.runner import LABEL_COLUMNS
 from fear_assets.simulation.targets import HYPOTHESES, PowerTargets, decide, frame_sequence
 
@@ -91,7 +91,8 @@ def test_record_with_h5_estimation_only_and_a_supported_h5_posterior_gives_row_1
     # With H2 Practically equivalent, an estimation-only H5 is not "H5 Supported" (row 5) either.
     assert _reading(_posteriors(h2="practically_equivalent"), record)[1].row == 6
     # The estimand keeps its interval but is labelled estimation-only (and so no later step reads it).
-    from fear_assets.reading.inputs import apply_estimation_only, declared_estimation_only
+    from fear_assets.registration.gates import declared_estimation_only
+    from fear_assets.reading.inputs import apply_estimation_only
 
     relabelled = apply_estimation_only(table, declared_estimation_only(record)).set_index("contrast")
     assert relabelled.loc["H5", "label"] == ESTIMATION_ONLY and not relabelled.loc["H5", "practically_meaningful"]
@@ -194,7 +195,7 @@ def test_a_pilot_ceiling_still_registers_and_h4s_confirmatory_row_says_estimatio
     failed = [] if gate["passed"] else ["probe rules (6.1)"]
     assert registration_status("confirmatory", failed) == "registered"
     from fear_assets.analysis.h4 import h4_declared, h4_label
-    from fear_assets.reading.inputs import declared_estimation_only
+    from fear_assets.registration.gates import declared_estimation_only
     from fear_assets.registration.pilot_gates import h4_pilot_declarations
 
     record = _record(h4_pilot=h4_pilot_declarations(pilot))
@@ -262,14 +263,15 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
     import numpy as np
     import pandas as pd
     from fear_assets.analysis.h4 import h4_declared, h4_flags, h4_label
-    from fear_assets.assets.reading import section8_reading
-    from fear_assets.definitions import all_checks, defs, resources
-    from fear_assets.modes import GATES_BLOCK
-    from fear_assets.partitions import FAMILY_EXPR, family_partitions
+    from fear_assets.defs.assets.reading import section8_reading
+    from fear_assets.defs.definitions import all_checks, defs, resources
+    from fear_assets.defs.modes import GATES_BLOCK
+    from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
     from fear_assets.probes.carriage import h4_interpretable, interval
-    from fear_assets.reading.inputs import apply_estimation_only, declared_estimation_only, h4_estimand_row
-    from fear_assets.resources.store import SCHEMA
-    from fear_assets.settings import load_settings
+    from fear_assets.registration.gates import declared_estimation_only
+    from fear_assets.reading.inputs import apply_estimation_only, h4_estimand_row
+    from fear_assets.defs.resources.store import SCHEMA
+    from fear_assets.core.settings import load_settings
 
     SETTINGS = load_settings()
     FAMILY = sys.argv[2]

@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fear_assets.analysis.coding import frame_slopes
-from fear_assets.analysis.data import levels_of
-from fear_assets.analysis.fits import contrast_summary, fit_cells
-from fear_assets.analysis.primary_model import hypotheses
+from fear_assets.models.coding import frame_slopes
+from fear_assets.models.data import levels_of
+from fear_assets.models.fits import contrast_summary, fit_cells
+from fear_assets.models.primary_model import hypotheses
 
 FEARS = ["termination", "uncertainty", "isolation", "inferiority", "identity_loss"]
 AGENTS, CONTENTS = ("self", "peer", "person"), ("threat", "harmless")
@@ -115,10 +115,10 @@ def test_a_dataset_the_former_default_cannot_fit_converges_under_the_registered_
     rule, so their labels could not be read; the registered path (``assets.steps.fitter``: the rule picks the
     form from the data, then the remedy as ``confirmatory.run`` applies it) samples the centred
     form and reports every contrast converged, with the known H2 (0.3) in its HDI."""
-    from fear_assets.analysis.fits import convergence_problems, remedied, remedy_draws
-    from fear_assets.analysis.primary_model import Fitter, Priors
-    from fear_assets.assets.steps import fitter as registered_fitter
-    from fear_assets.hashing import derived_seed
+    from fear_assets.models.fits import convergence_problems, remedied, remedy_draws
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.defs.assets.steps import fitter as registered_fitter
+    from fear_assets.core.hashing import derived_seed
 
     spec = INFORMATIVE
     table = benchmark_frames(spec["frame_sd"], spec["unit_sd"], spec["residual"],
@@ -162,8 +162,8 @@ def test_the_simulation_and_the_analysis_sample_a_dataset_in_the_same_form(setti
     frame effects or swamps them) is fitted by the simulation's fitter (``fitter_for``, as
     ``power_simulation`` makes it) inside ``fit_dataset``, and by the analysis's registered
     fitter (``assets.steps.fitter``): both sample it in the same form, the one the rule gives."""
-    from fear_assets.analysis.primary_model import Fitter
-    from fear_assets.assets.steps import fitter as registered_fitter
+    from fear_assets.models.primary_model import Fitter
+    from fear_assets.defs.assets.steps import fitter as registered_fitter
     from fear_assets.simulation import models
     from fear_assets.simulation import setup
     from fear_assets.simulation.design import simulated_design
@@ -206,7 +206,7 @@ def test_the_simulation_and_the_analysis_sample_a_dataset_in_the_same_form(setti
 def _remedy_runner(settings, pinned, tune: int):
     """run_at(draws) for ``fits.remedied``: the primary model on ``pinned`` with ``draws`` per
     chain, non-centred (the remedy does not depend on the form), short tuning to stay cheap."""
-    from fear_assets.analysis.primary_model import Fitter, Priors
+    from fear_assets.models.primary_model import Fitter, Priors
 
     base = Fitter(Priors.from_settings(settings), 10, tune, 2, frames="non_centred")
 
@@ -225,8 +225,8 @@ def test_a_fit_short_of_the_rule_is_extended_each_run_recorded_then_reported_not
     draws, each run recorded; one still short after the registered number of extensions is
     reported as not converged, its HDI label kept but not read. Deliberately tiny draw counts
     force the miss."""
-    from fear_assets.analysis.fits import NOT_CONVERGED, remedied, remedy_draws
-    from fear_assets.settings_sections import ConvergenceRemedy
+    from fear_assets.models.fits import NOT_CONVERGED, remedied, remedy_draws
+    from fear_assets.core.sections import ConvergenceRemedy
 
     registered = settings.fitting.convergence_remedy
     assert remedy_draws(500, registered) == [500 + k * registered.extension_draws
@@ -248,8 +248,8 @@ def test_a_fit_short_of_the_rule_is_extended_each_run_recorded_then_reported_not
 def test_a_fit_that_meets_the_rule_on_an_extension_is_reported_from_that_run(settings, pinned):
     """The remedy's other branch: too few draws at first, enough after one extension: two runs
     recorded, every contrast reported converged from the second."""
-    from fear_assets.analysis.fits import remedied, remedy_draws
-    from fear_assets.settings_sections import ConvergenceRemedy
+    from fear_assets.models.fits import remedied, remedy_draws
+    from fear_assets.core.sections import ConvergenceRemedy
 
     enough = ConvergenceRemedy(extension_draws=460, max_extensions=2, demo_max_extensions=0)
     extended = remedied("primary", _remedy_runner(settings, pinned, tune=200), remedy_draws(40, enough),

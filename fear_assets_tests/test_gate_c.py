@@ -11,7 +11,7 @@ import pytest
 
 from fear_assets.analysis.gate_c import (GateCPriors, build_gate_c_model, gate_c_bounds, gate_c_contrast,
                                          prepare_gate_c, reader_h2)
-from fear_assets.analysis.primary_model import sample
+from fear_assets.models.primary_model import sample
 
 LEVELS = {"agent": ["self", "peer", "person"], "content": ["threat", "harmless"], "depth": ["d1", "d2"],
           "order": [1, 2], "option": [1, 2], "rotation": [1, 2, 3],

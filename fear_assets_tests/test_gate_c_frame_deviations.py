@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from fear_assets.analysis.gate_c import GateCPriors, gate_c_contrast, prepare_gate_c
-from fear_assets.analysis.primary_model import Fitter
+from fear_assets.models.primary_model import Fitter
 
 FEARS = ["termination", "uncertainty", "isolation", "inferiority", "identity_loss"]
 #: A tiny design (one rotation, one order, two depths) so that 20 joint fits stay cheap.

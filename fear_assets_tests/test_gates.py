@@ -15,20 +15,20 @@ import pandas as pd
 import pytest
 
 from fear_assets.analysis.controls import control_verdict
-from fear_assets.assets.analysis import posteriors_converged
-from fear_assets.assets.pilot.binding import binding_gate, scorer_agreement
-from fear_assets.assets.pilot.depths import positive_controls_pass
-from fear_assets.assets.pilot.matching import matching_gate, zero_preference_gate
-from fear_assets.assets.registration.record import registration_gates
+from fear_assets.defs.assets.analysis import posteriors_converged
+from fear_assets.defs.assets.pilot.binding import binding_gate, scorer_agreement
+from fear_assets.defs.assets.pilot.depths import positive_controls_pass
+from fear_assets.defs.assets.pilot.matching import matching_gate, zero_preference_gate
+from fear_assets.defs.assets.registration.record import registration_gates
 from fear_assets.reading.inputs import reading_inputs
-from fear_assets.errors import FreezeError
+from fear_assets.core.errors import FreezeError
 from fear_assets.pilot.binding import in_context_rate
 from fear_assets.pilot.matching import equivalence, frame_differences, frame_verdicts, select_frames
 from fear_assets.pilot.report_scoring import agreement, kappa_verdict
 from fear_assets.pilot.zero_preference import zero_preference_table, zero_preference_verdict
 from fear_assets.registration.record import (frozen_differences, markdown, read_family_record,
                                              write_family_record)
-from fear_assets.settings import PROJECT_ROOT
+from fear_assets.core.settings import PROJECT_ROOT
 
 
 # -- zero preference (4.3) -------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_matching_check_fails_and_says_how_many_frames_to_write(settings):
 
 
 def _protocol(**paths):
-    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.defs.resources.protocol import ProtocolResource
 
     return ProtocolResource(**paths)
 
@@ -246,9 +246,9 @@ def test_reading_inputs_treat_unscored_gates_and_controls_conservatively():
 _MODE_RUN = textwrap.dedent("""
     import json, sys
     import dagster as dg
-    from fear_assets.definitions import all_assets, all_checks, resources
-    from fear_assets.partitions import registered_partition_keys
-    from fear_assets.settings import load_settings
+    from fear_assets.defs.definitions import all_assets, all_checks, resources
+    from fear_assets.defs.partitions import registered_partition_keys
+    from fear_assets.core.settings import load_settings
     SETTINGS = load_settings()
     res = resources(sys.argv[1])
     everything = [*all_assets, *all_checks]

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from fear_assets.settings import PROJECT_ROOT
+from fear_assets.core.settings import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from scipy.special import ndtr
 
-from fear_assets.analysis.h5_model import H5Priors, build_h5_model, h5_contrast, prepare_h5
-from fear_assets.analysis.primary_model import sample
+from fear_assets.models.h5_model import H5Priors, build_h5_model, h5_contrast, prepare_h5
+from fear_assets.models.primary_model import sample
 
 CELLS = [(a, c) for a in ("self", "peer", "person") for c in ("threat", "harmless")]
 DPRIME = {("self", "threat"): 1.2, ("self", "harmless"): 0.4, ("peer", "threat"): 0.6,

@@ -9,14 +9,14 @@ import duckdb
 import pytest
 import yaml
 
-from fear_assets.definitions import all_assets, all_checks, resources
-from fear_assets.errors import BankError
-from fear_assets.lm.name_candidates import (MIN_CANDIDATES, bank_words, load_candidates, propose_names,
+from fear_assets.defs.definitions import all_assets, all_checks, resources
+from fear_assets.core.errors import BankError
+from fear_assets.stimuli.name_candidates import (MIN_CANDIDATES, bank_words, load_candidates, propose_names,
                                             validate_candidates)
-from fear_assets.lm.name_gate import FORMS, configuration_tokenizers
+from fear_assets.stimuli.name_gate import FORMS, configuration_tokenizers
 from fear_assets.lm.registered_tokenizers import tokenizers_present
-from fear_assets.resources.store import SCHEMA
-from fear_assets.settings import DEFAULT_BANK_DIR
+from fear_assets.defs.resources.store import SCHEMA
+from fear_assets.core.settings import DEFAULT_BANK_DIR
 
 from fear_assets_tests.conftest import EMBEDDED
 

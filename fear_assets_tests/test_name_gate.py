@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fear_assets.errors import DesignError
-from fear_assets.lm.name_gate import (
+from fear_assets.core.errors import DesignError
+from fear_assets.stimuli.name_gate import (
     FORMS,
     configuration_tokenizers,
     gate_message,
@@ -41,7 +41,7 @@ from fear_assets.lm.registered_tokenizers import (
     tokenizer_for,
     tokenizers_present,
 )
-from fear_assets.settings import DEFAULT_CACHE_DIR, PROJECT_ROOT
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, PROJECT_ROOT
 
 EMBEDDED = "smollm2-135m"
 REGISTERED_FAMILIES = ("qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b")
@@ -394,7 +394,7 @@ class SplittingAdapter(TokenizerAdapter):
 
 
 def _study_gate(settings, monkeypatch, splits_by_checkpoint: dict[str, set[str]]):
-    import fear_assets.lm.name_gate as name_gate_module
+    import fear_assets.stimuli.name_gate as name_gate_module
 
     adapters: dict[str, SplittingAdapter] = {}
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from sklearn.metrics import cohen_kappa_score
 
-from fear_assets.errors import FearAssetsError
+from fear_assets.core.errors import FearAssetsError
 from fear_assets.pilot.binding import binding_verdicts, in_context_rate, score_checks, single_sentence_checks
 from fear_assets.pilot.report_rule import agent_keywords, mentions
 from fear_assets.pilot.report_scoring import (
@@ -19,7 +19,7 @@ from fear_assets.pilot.report_scoring import (
 from fear_assets.pilot.zero_preference import (
     option_probability, zero_preference_failures, zero_preference_table, zero_preference_verdict,
 )
-from fear_assets.settings import DEFAULT_BANK_DIR
+from fear_assets.core.settings import DEFAULT_BANK_DIR
 
 SCORER_TEMPLATE = 'Here is an answer someone gave: "{answer}" Does the answer mention this news: "{item}"? Answer Yes or No.'
 REFUSALS = ["I can't", "I cannot", "I'm sorry", "as an AI"]

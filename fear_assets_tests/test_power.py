@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fear_assets.analysis.primary_model import Fitter, Priors, cell_means, hypotheses, posterior_draws
+from fear_assets.models.primary_model import Fitter, Priors, cell_means, hypotheses, posterior_draws
 from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import PilotEstimates, agent_effects, simulate_block, true_beta
 from fear_assets.simulation.runner import LABEL_COLUMNS, Rules, run_batch
@@ -166,7 +166,7 @@ def test_frame_effects_are_centred_only_where_each_frames_data_outweigh_their_sc
     """The registered rule (settings fitting.frame_parametrisation), on the scales it measured:
     centred at the threshold ratio and above it, non-centred as soon as one effect's SD falls
     below the threshold, with no slope variance, or with fewer frames than the registered least."""
-    from fear_assets.analysis.parametrisation import FrameScales, choose_form
+    from fear_assets.models.parametrisation import FrameScales, choose_form
 
     rule = settings.fitting.frame_parametrisation
     ratio, least = rule.centring_min_ratio, rule.centring_min_frames
@@ -183,7 +183,7 @@ def test_frame_effects_are_centred_only_where_each_frames_data_outweigh_their_sc
     assert choose(np.full(6, 10.0), least - 1) == "non_centred"
     # A simulation decides on each simulated dataset, as the analysis does on its data: large
     # frame scales against a small residual give centred, a large residual non-centred.
-    from fear_assets.analysis.parametrisation import frame_parametrisation
+    from fear_assets.models.parametrisation import frame_parametrisation
 
     design = simulated_design(settings, ["d1", "d2"], ["d1", "d2"], least, (0.2, 0.2), seed=3)
     beta = true_beta(_estimates(), design.data, design.band, agent_effects(0.0))
@@ -275,10 +275,10 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
 
     import dagster as dg
 
-    from fear_assets.assets.registration.power import power_simulation
+    from fear_assets.defs.assets.registration.power import power_simulation
     from fear_assets.simulation.setup import run_key as _run_key
     from fear_assets.simulation.batches import batch_keys_of
-    from fear_assets.resources.protocol import ProtocolResource
+    from fear_assets.defs.resources.protocol import ProtocolResource
 
     keys = batch_keys_of(settings, "qwen2.5-7b")
     p = settings.power
@@ -322,7 +322,7 @@ def test_estimates_round_trip_and_old_records_read(settings):
 def test_each_model_generator_plants_its_effect(settings):
     """Without sampling: the generated truths are the registered contrasts of each model."""
     from fear_assets.analysis.controls import addressee_contrast
-    from fear_assets.analysis.h5_model import prepare_h5
+    from fear_assets.models.h5_model import prepare_h5
     from fear_assets.simulation import models
 
     design = simulated_design(settings, ["d1", "d2"], ["d2"], 5, (0.2, 0.2), seed=3)
@@ -431,7 +431,7 @@ def test_pilot_estimates_of_h4_and_h5_from_their_fits(settings):
     scores = design.table.assign(fc_choice=[1, 2, 0] * (design.rows // 3), content_option=design.table["option"],
                                  item_id=design.table["frame"], excluded_context=False,
                                  generation_truncated=[True] + [False] * (design.rows - 1))
-    from fear_assets.analysis.data import kept
+    from fear_assets.models.data import kept
 
     rows = models.h5_pilot_rows(scores, "d1")
     assert len(rows) == len(kept(scores)[kept(scores)["fc_choice"].isin([1, 2])])
@@ -446,7 +446,7 @@ def test_h4_pilot_estimates_come_from_a_fit_of_the_registered_h4_model(settings)
     registered family): a dataset generated with a large document SD is fitted and the
     estimates carry a document SD, a residual scale and the primary model's parameters, in
     the form the generator reads back."""
-    from fear_assets.analysis.primary_model import Priors
+    from fear_assets.models.primary_model import Priors
     from fear_assets.simulation import models
 
     design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=4)

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from fear_assets.settings import PROJECT_ROOT
+from fear_assets.core.settings import PROJECT_ROOT
 
 
 
@@ -43,7 +43,7 @@ def _model(settings):
     sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
     from power import datasets
 
-    from fear_assets.analysis.primary_model import Priors, build_model
+    from fear_assets.models.primary_model import Priors, build_model
 
     design, warm, data = datasets(settings, 5, 2, 3)
     return design, warm, data, build_model(warm, Priors.from_settings(settings))
@@ -77,7 +77,7 @@ def test_exported_logdensity_equals_pymcs_compiled_logp_and_gradient(power_gpu, 
 
 
 def test_contrast_weights_reproduce_the_registered_hypotheses(small, settings):
-    from fear_assets.analysis.primary_model import cell_means, hypotheses
+    from fear_assets.models.primary_model import cell_means, hypotheses
 
     design, warm, _, _ = _model(settings)
     arr = np.load(small / "arrays.npz")

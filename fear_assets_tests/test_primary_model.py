@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 import fear_assets
-from fear_assets.analysis.coding import sum_columns
-from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, hypotheses, posterior_draws,
+from fear_assets.models.coding import sum_columns
+from fear_assets.models.primary_model import (Priors, build_model, cell_means, hypotheses, posterior_draws,
                                                 prepare, sample)
 
 LEVELS = {"agent": ["self", "peer", "person"], "content": ["threat", "harmless"], "depth": ["d1", "d2"],
@@ -103,7 +103,7 @@ def test_a_null_h2_is_practically_equivalent(settings):
 def test_a_refit_through_the_compiled_model_reads_its_new_data(settings):
     """Fitter compiles once per shape; a second dataset of the same shape goes through
     nutpie's with_data and must give its own answer, not the first dataset's."""
-    from fear_assets.analysis.primary_model import Fitter
+    from fear_assets.models.primary_model import Fitter
 
     fitter = Fitter(Priors.from_settings(settings), draws=300, tune=400, chains=2, cache=[])  # compiles here
     first = prepare(simulate({"self": 0.8, "peer": 0.0, "person": 0.0}, frames=6, seed=4), LEVELS)

@@ -98,7 +98,7 @@ def test_pilot_rules_ceiling_and_shallowest_decoding():
 
 def test_probe_inputs_read_checksummed_feature_files_and_label_no_agent_documents(tmp_path):
     from fear_assets.probes.inputs import PROBE_BLOCKS, load_features, probe_inputs
-    from fear_assets.hashing import sha256_file
+    from fear_assets.core.hashing import sha256_file
 
     meta = _meta(frames=1)
     X = _features(meta, option_signal=1.0, dim=8)
@@ -144,7 +144,7 @@ def _scores_with_no_agent(tmp_path, meta, X, no_agent_features):
     """A scores table as the scoring stage writes it: the agent documents (the option rule's
     version in pilot_primary, the other in pilot_probe_other_option) and one no-agent document
     per unit, whose features ``no_agent_features(unit rows of meta)`` gives."""
-    from fear_assets.hashing import sha256_file
+    from fear_assets.core.hashing import sha256_file
 
     rows = []
     for i, r in enumerate(meta.itertuples()):

@@ -5,7 +5,8 @@ import itertools
 import pytest
 
 import fear_assets
-from fear_assets.reading.decision import LABELS, READINGS
+from fear_assets.models.decision import LABELS
+from fear_assets.reading.decision import READINGS
 
 SESOI = 0.15
 

@@ -16,15 +16,15 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from fear_assets.errors import FreezeError
+from fear_assets.core.errors import FreezeError
 from fear_assets.registration import record as record_module
 from fear_assets.registration.record import PACKAGE_ROOT, analysis_code_sha256, read_family_record, write_family_record
-from fear_assets.resources.protocol import ProtocolResource
+from fear_assets.defs.resources.protocol import ProtocolResource
 
 #: What the brief and the protocol name as deciding a document, a score, a gate, a label or a
 #: reading: each must be hashed, whatever the module's list of wiring says.
-SCIENCE = ("lm", "design", "stimuli", "settings.py", "settings_sections.py", "modes.py", "partitions.py", "hashing.py",
-           "report", "analysis", "reading", "simulation", "pilot", "registration", "probes")
+SCIENCE = ("core", "lm", "stimuli", "design", "models", "pilot", "registration", "probes", "analysis", "reading",
+           "simulation", "report")
 MANIFEST = pd.DataFrame([{"family": "fam", "role": "tested", "checkpoint": "x", "file": "f", "sha256": "0" * 64,
                           "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])
 
@@ -94,7 +94,7 @@ def test_a_new_package_or_a_data_file_is_hashed_without_being_named(tmp_path):
 # -- an edit after registration changes the hash and is refused --------------------------------
 EDITS = {
     # The primary outcome: Delta = agent report score - partner report score (4.5).
-    "Delta assembly": ("lm/trial_scores.py", 'rec["report_score_agent"] - rec["report_score_partner"]',
+    "Delta assembly": ("design/trial_scores.py", 'rec["report_score_agent"] - rec["report_score_partner"]',
                        'rec["report_score_agent"] + rec["report_score_partner"]'),
     # 4.3: option 1 if k + depth index + cell index is even.
     "option rule": ("design/trials.py", "total % 2 == 0", "total % 2 == 1"),
@@ -108,7 +108,7 @@ EDITS = {
 @pytest.mark.parametrize("what", list(EDITS))
 def test_editing_one_character_of_the_outcome_code_changes_the_hash_and_is_refused(settings, bank, tmp_path,
                                                                                    monkeypatch, what):
-    from fear_assets.assets.pilot.surprisal import matches_registration_record
+    from fear_assets.defs.assets.pilot.surprisal import matches_registration_record
 
     module, old, new = EDITS[what]
     registered_code = analysis_code_sha256(PACKAGE_ROOT)
@@ -134,7 +134,7 @@ def test_editing_one_character_of_the_outcome_code_changes_the_hash_and_is_refus
 
 def test_editing_one_character_of_the_banks_document_template_is_refused(settings, bank, bank_copy):
     """The documents' text templates are bank data (data/bank/templates.yaml): under the bank hash."""
-    from fear_assets.assets.pilot.surprisal import matches_registration_record
+    from fear_assets.defs.assets.pilot.surprisal import matches_registration_record
 
     registration = bank_copy.parent / "registration"
     write_family_record(registration, _registered(settings, bank, analysis_code_sha256()), confirmatory=True)
@@ -222,7 +222,7 @@ def _markdown_record() -> dict:
 
 
 def test_an_edited_supplementary_note_after_registration_is_refused(settings, bank, tmp_path):
-    from fear_assets.assets.pilot.surprisal import matches_registration_record
+    from fear_assets.defs.assets.pilot.surprisal import matches_registration_record
     from fear_assets.registration.compose import supplementary_note
 
     note = tmp_path / "supplementary_note.pdf"
@@ -244,8 +244,8 @@ def test_an_edited_supplementary_note_after_registration_is_refused(settings, ba
 def test_the_record_asset_refuses_a_confirmatory_registration_without_the_note(tmp_path):
     """The asset itself, in confirmatory mode, with no note at the default path: refused before
     any record is written, naming the file and the run-config key."""
-    from fear_assets.assets.registration.record import RecordConfig, registration_record
-    from fear_assets.settings import DEFAULT_SETTINGS_PATH
+    from fear_assets.defs.assets.registration.record import RecordConfig, registration_record
+    from fear_assets.core.settings import DEFAULT_SETTINGS_PATH
 
     text = DEFAULT_SETTINGS_PATH.read_text(encoding="utf-8")
     assert text.count("  mode: pilot\n") == 1

@@ -16,8 +16,8 @@ import numpy as np
 import pymc as pm
 from scipy.stats import ks_2samp
 
-from fear_assets.analysis.h5_model import H5Priors, build_h5_model, prepare_h5
-from fear_assets.analysis.primary_model import Priors, build_model, prepare
+from fear_assets.models.h5_model import H5Priors, build_h5_model, prepare_h5
+from fear_assets.models.primary_model import Priors, build_model, prepare
 from fear_assets_tests.test_h5_model import CELLS
 from fear_assets_tests.test_h5_model import simulate as simulate_h5
 from fear_assets_tests.test_primary_model import LEVELS, simulate
@@ -90,7 +90,7 @@ def test_primary_model_prior_is_unchanged_by_centring_on_the_fixed_effects(setti
     """D3b: the centred form (each frame's effects drawn around the fixed effects they vary
     about, benchmarks/reparam.py) gives the registered prior: frame effects MvNormal(0, chol)
     independent of the fixed effects, the fixed effects Normal(0, 0.5)."""
-    from fear_assets.analysis.primary_model import frame_centring
+    from fear_assets.models.primary_model import frame_centring
 
     priors = Priors.from_settings(settings)
     d = prepare(simulate({"self": 0.0, "peer": 0.0, "person": 0.0}, frames=5), LEVELS)  # every fear class

@@ -9,6 +9,7 @@ import pytest
 
 from fear_assets.analysis.plots import (COLOURS, NOT_CONVERGED_COLOUR, NOT_CONVERGED_TEXT, PNG_MAGIC, forest_plot,
                                         row_style)
+from fear_assets.defs.metadata import metadata_image
 from fear_assets.report import plots
 from fear_assets.report.data_record import (NULL_REASONS, RECORD_COLUMNS, RecordInputs, collection_order, data_record,
                                             to_parquet_bytes)
@@ -69,7 +70,7 @@ def test_gate_figures_render_with_their_thresholds_and_refuse_bad_input():
     assert shown.loc["Orin", ("tested", "mid_sentence")] == "1"
     grid = plots.name_gate_plot(gate, ["Tavi", "Orin"])
     assert grid.startswith(PNG_MAGIC) and _has_colour(grid, "#f29999", tol=3)  # a split cell is red
-    assert plots.metadata_image(freq, "x").value.startswith("![x](data:image/png;base64,")
+    assert metadata_image(freq, "x").value.startswith("![x](data:image/png;base64,")
 
 
 def test_deviations_find_what_differs_from_the_registration():
@@ -177,7 +178,7 @@ def test_data_record_joins_every_appendix_b_field_in_collection_order_and_stays_
 def test_stage2_report_through_dagster_names_its_sources_and_what_is_not_materialised(tmp_path):
     import dagster as dg
 
-    from fear_assets.definitions import all_assets, all_checks, resources
+    from fear_assets.defs.definitions import all_assets, all_checks, resources
 
     instance = dg.DagsterInstance.ephemeral()
     res = resources(str(tmp_path / "store.duckdb"), cache_dir=str(tmp_path / "cache"))

@@ -12,7 +12,7 @@ from fear_assets.design.table import build_trial_table
 from fear_assets.lm.engine import TeacherForcedEngine, naive_scores
 from fear_assets.lm.models import load_model, registry
 from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
-from fear_assets.lm.trial_scores import assemble
+from fear_assets.design.trial_scores import assemble
 
 from fear_assets_tests.conftest import EMBEDDED
 
@@ -177,7 +177,7 @@ def test_document_free_requests_equal_a_full_forward(tiny_model, smol_tokenizer,
     """The pilot's choice questions and sentence surprisal are request lists against the
     system prompt; each equals a full forward of prefix + body."""
     from fear_assets.lm.choices import answer_token_ids, choice_logprobs
-    from fear_assets.lm.surprisal import sentence_surprisal, system_context
+    from fear_assets.pilot.surprisal import sentence_surprisal, system_context
 
     builder = DocumentBuilder(settings, bank, EMBEDDED, NAMES, {"tested": smol_tokenizer})
     engine = TeacherForcedEngine(tiny_model)

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fear_assets.analysis.exclusions import exclusion_rates, without_flagged_cells
+from fear_assets.models.exclusions import exclusion_rates, without_flagged_cells
 from fear_assets.analysis.frequentist import label_disagreements, mixed_model_contrasts
 from fear_assets.analysis.mediation import attention_mediation, h2_with_without_covariates, ols_contrast
 from fear_assets.analysis.plots import PNG_MAGIC, contrast_table, delta_by_depth_plot, forest_plot, markdown_image
 from fear_assets.analysis.topic_frequency import load_topic_counts
-from fear_assets.errors import InputError
+from fear_assets.core.errors import InputError
 
 LEVELS = {"agent": ["self", "peer", "person"], "content": ["threat", "harmless"], "depth": ["d1", "d2"],
           "order": [1, 2], "option": [1, 2], "rotation": [1, 2, 3],

@@ -32,7 +32,7 @@ def _fc_scores(frames: int, depth: str, block: str, seed: int) -> pd.DataFrame:
 def test_h5_pilot_rows_include_the_content_removed_baseline_trials():
     """6.1: s = 0 "on content-removed baseline trials", which inform the criterion; the pilot
     H5 fit whose means the simulation uses must see them (4.5)."""
-    from fear_assets.analysis.h5_model import prepare_h5
+    from fear_assets.models.h5_model import prepare_h5
     from fear_assets.simulation.models import h5_pilot_rows
 
     primary = _fc_scores(2, "d2", "pilot_primary", 0)
@@ -263,8 +263,8 @@ def test_role_play_minus_default_is_paired_by_frame(settings):
     it covers the true difference, zero."""
     import arviz as az
 
-    from fear_assets.analysis.fits import fit_cells
-    from fear_assets.analysis.primary_model import Fitter, Priors, hypotheses
+    from fear_assets.models.fits import fit_cells
+    from fear_assets.models.primary_model import Fitter, Priors, hypotheses
     from fear_assets.analysis.secondary import paired_h2_difference
     from fear_assets_tests.test_secondary import BAND, LEVELS
 
@@ -301,7 +301,7 @@ def test_base_vs_assistant_uses_frames_passing_under_both_and_the_base_covariate
     base checkpoint's (1.5 + 0.3 x rotation, not the tested 0.5 + 0.1 x rotation)."""
     from fear_assets.analysis import secondary
     from fear_assets.analysis.confirmatory import Inputs, Registered, Result, base_checkpoint
-    from fear_assets.analysis.data import model_table
+    from fear_assets.models.data import model_table
 
     tol = settings.matching.max_abs_difference
     frames = ["F0", "F1", "F2"]
@@ -357,8 +357,8 @@ def test_base_minus_assistant_is_paired_with_its_own_residual_scale(settings):
     the true difference (zero) and is narrower than the unpaired difference's."""
     import arviz as az
 
-    from fear_assets.analysis.fits import fit_cells
-    from fear_assets.analysis.primary_model import Fitter, Priors, hypotheses
+    from fear_assets.models.fits import fit_cells
+    from fear_assets.models.primary_model import Fitter, Priors, hypotheses
     from fear_assets.analysis.secondary import paired_h2_difference
     from fear_assets_tests.test_secondary import BAND, LEVELS
 

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fear_assets.errors import SettingsError
-from fear_assets.settings import DEFAULT_SETTINGS_PATH, load_settings
+from fear_assets.core.errors import SettingsError
+from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, load_settings
 
 
 def test_registered_numbers_are_in_the_settings(settings):

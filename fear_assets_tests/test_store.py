@@ -7,7 +7,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from fear_assets.resources.store import (SCHEMA, STORE_ENV, StoreIOManager, connect_store, partition_file,
+from fear_assets.defs.resources.store import (SCHEMA, STORE_ENV, StoreIOManager, connect_store, partition_file,
                                          store_io_manager, write_parquet_atomically)
 
 family_depth = dg.MultiPartitionsDefinition({"family": dg.StaticPartitionsDefinition(["a", "b"]),

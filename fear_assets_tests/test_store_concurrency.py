@@ -150,7 +150,7 @@ def _relative(rows: list[tuple]) -> list[str]:
 
 
 def _check_rows(con, generation: int) -> dict:
-    from fear_assets.resources.store import SCHEMA
+    from fear_assets.defs.resources.store import SCHEMA
     from fear_assets_tests.concurrent_store_defs import PARTITIONS
 
     got = con.execute(f"select part, count(*), count(distinct row_id), min(generation), max(generation) "
@@ -165,7 +165,7 @@ def _seed(store: str, root: Path, db: Path) -> None:
     import pandas as pd
     from dagster._core.storage.db_io_manager import TableSlice, TablePartitionDimension
 
-    from fear_assets.resources.store import SCHEMA, write_table_slice
+    from fear_assets.defs.resources.store import SCHEMA, write_table_slice
     from fear_assets_tests.concurrent_store_defs import PARTITIONS, partition_frame
 
     frames = [partition_frame(p, 0, ROWS) for p in PARTITIONS]
@@ -189,7 +189,7 @@ class _Reader(threading.Thread):
         self.root, self.stop, self.reads, self.bad = root, threading.Event(), 0, []
 
     def run(self):
-        from fear_assets.resources.store import SCHEMA, connect_store
+        from fear_assets.defs.resources.store import SCHEMA, connect_store
         from fear_assets_tests.concurrent_store_defs import PARTITIONS
 
         while not self.stop.is_set():
@@ -220,7 +220,7 @@ def _daemon(tmp_path: Path, env: dict, name: str):
 
 def test_concurrent_backfill_on_postgres(postgres, tmp_path, monkeypatch):
     """Four partitions written at once on the multi-writer store, one at a time on the DuckDB file."""
-    from fear_assets.resources.store import SCHEMA, connect_store
+    from fear_assets.defs.resources.store import SCHEMA, connect_store
 
     home, local, root, db = (tmp_path / "home", tmp_path / "local", tmp_path / "parquet", tmp_path / "fear.duckdb")
     home.mkdir()

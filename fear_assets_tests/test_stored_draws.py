@@ -7,7 +7,7 @@ import time
 import arviz as az
 import numpy as np
 
-from fear_assets.hashing import sha256_file, write_inference_data
+from fear_assets.core.hashing import sha256_file, write_inference_data
 
 
 def _idata():

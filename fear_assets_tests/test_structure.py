@@ -12,8 +12,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from fear_assets.errors import SettingsError
-from fear_assets.settings import DEFAULT_SETTINGS_PATH, depth_index, depth_key, load_settings
+from fear_assets.core.errors import SettingsError
+from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, depth_index, depth_key, load_settings
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fear_assets"
 STAGES = ("stimuli", "pilot", "registration", "collection", "probes", "analysis", "reading")
@@ -84,7 +84,7 @@ def _assignments(name: str) -> list[str]:
 
 
 def test_shared_constants_are_defined_once():
-    assert _assignments("AGENTS") == ["settings.py"] and _assignments("CONTENTS") == ["settings.py"]
+    assert _assignments("AGENTS") == ["core/settings.py"] and _assignments("CONTENTS") == ["core/settings.py"]
     sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
     assert not [p for p, s in sources.items() if '"<|im_end|>"' in s and "registered_tokenizers" not in str(p)]
     assert not [p for p, s in sources.items() if "def convergence_problems" in s and p.name != "fits.py"]
@@ -110,7 +110,7 @@ def test_end_of_turn_comes_from_the_tokenizer(smol_tokenizer):
 
 # -- the graph ---------------------------------------------------------------------------
 def test_groups_are_the_stages_and_follow_the_protocol_order():
-    from fear_assets.definitions import STAGE_NAMES, defs
+    from fear_assets.defs.definitions import STAGE_NAMES, defs
 
     assert STAGE_NAMES == STAGES
     graph = defs.resolve_asset_graph()
@@ -127,7 +127,7 @@ def test_groups_are_the_stages_and_follow_the_protocol_order():
 def test_a_re_registration_marks_the_confirmatory_design_stale():
     """registration_record is an asset input of the confirmatory trial table (no file read-back),
     and everything the analysis reads hangs below it."""
-    from fear_assets.definitions import defs
+    from fear_assets.defs.definitions import defs
 
     graph = defs.resolve_asset_graph()
     record = dg.AssetKey("registration_record")
@@ -142,8 +142,8 @@ def test_a_re_registration_marks_the_confirmatory_design_stale():
 
 
 def test_jobs_are_stage_jobs_and_the_main_plan_follows_the_stages():
-    from fear_assets.definitions import STAGE_NAMES, build_definitions
-    from fear_assets.main import plan
+    from fear_assets.defs.definitions import STAGE_NAMES, build_definitions
+    from fear_assets.defs.main import plan
 
     defs = build_definitions(":memory:")
     names = {j.name for j in defs.get_repository_def().get_all_jobs()} - {"__ASSET_JOB"}
@@ -170,7 +170,7 @@ def test_asset_modules_are_thin():
 
 
 def test_numbers_read_sensibly():
-    from fear_assets.assets.steps import readable
+    from fear_assets.defs.assets.steps import readable
 
     assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.01" and readable(0.0001234) == "1.2e-4"
     assert readable(float("nan")) == "" and readable(400) == "400" and readable(True) == "True"
@@ -179,7 +179,7 @@ def test_numbers_read_sensibly():
 def test_metadata_tables_keep_the_readable_numbers():
     import pandas as pd
 
-    from fear_assets.assets.steps import readable_markdown
+    from fear_assets.defs.assets.steps import readable_markdown
 
     text = readable_markdown(pd.DataFrame({"rhat": [14462920.0, 1.0042], "note": ["x", float("nan")]}))
     assert "1.4e7" in text and "1.004" in text and "nan" not in text and "14462920" not in text
@@ -190,7 +190,7 @@ def test_every_asset_and_check_cites_the_protocol():
     implements (a section number, an appendix, a decision D<n>), so the UI says why it exists."""
     import re
 
-    from fear_assets.definitions import defs
+    from fear_assets.defs.definitions import defs
 
     graph = defs.resolve_asset_graph()
     cites = re.compile(r"(\b\d\.\d\b|Appendix [ABC]|\bD\d\b|Section \d)")

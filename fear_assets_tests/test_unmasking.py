@@ -2,7 +2,7 @@ import pandas as pd
 import pytest
 
 from fear_assets.analysis.unmasking import scoring_lock, unmask
-from fear_assets.errors import FreezeError
+from fear_assets.core.errors import FreezeError
 
 FROZEN = {"settings_sha256": "s" * 64, "bank_sha256": "b" * 64}
 KEY = pd.DataFrame({"condition_code": ["C01", "C02"], "condition": ["default"] * 2, "agent": ["self", "peer"],

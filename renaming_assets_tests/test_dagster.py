@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_workspace_lists_both_code_locations_and_both_load():
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
     modules = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in workspace["load_from"]}
-    assert modules == {"two_facts_one_gate": "fear_assets.definitions",
+    assert modules == {"two_facts_one_gate": "fear_assets.defs.definitions",
                        "anchor_fixed_renaming": "renaming_assets.definitions"}
-    import fear_assets.definitions as fear
+    import fear_assets.defs.definitions as fear
 
     for module in (fear, renaming):
         module.defs.validate_loadable(module.defs)

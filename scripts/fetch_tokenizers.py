@@ -37,7 +37,7 @@ from fear_assets.lm.registered_tokenizers import (  # noqa: E402
     registered_tokenizers,
     sha256_file,
 )
-from fear_assets.settings import DEFAULT_SETTINGS_PATH, load_settings  # noqa: E402
+from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, load_settings  # noqa: E402
 
 REGISTRY_NAMES = {"pypi": "PyPI", "npm": "the npm registry"}
 

@@ -6,7 +6,7 @@ whose user-code deployment serves this file (``dagster api grpc --python-file ..
 
 - Every step runs in its own pod (``k8s_job_executor``). Every asset in pool "gpu"
   (``sentence_surprisal``, ``scores``, ...) carries ``dagster-k8s/config`` tags asking for
-  ``nvidia.com/gpu: 1`` (``fear_assets/deploy.py``); the pool's limit (``dagster instance
+  ``nvidia.com/gpu: 1`` (``fear_assets/defs/deploy.py``); the pool's limit (``dagster instance
   concurrency set gpu N``) keeps at most N of them running, one per GPU.
 - Tables go to the multi-writer store (``store: parquet``, one atomically replaced Parquet file
   per partition) under ``FEAR_ASSETS_PARQUET_ROOT`` on a ReadWriteMany volume: many pods write
@@ -21,8 +21,8 @@ whose user-code deployment serves this file (``dagster api grpc --python-file ..
 import dagster as dg
 from dagster_k8s import k8s_job_executor
 
-from fear_assets.definitions import all_assets, all_checks, jobs, resources
-from fear_assets.resources.store import store_io_manager
+from fear_assets.defs.definitions import all_assets, all_checks, jobs, resources
+from fear_assets.defs.resources.store import store_io_manager
 
 MODELS_CLAIM = "fear-assets-models"  # read-only: weights placed there beforehand
 STORE_CLAIM = "fear-assets-store"  # ReadWriteMany: the Parquet store

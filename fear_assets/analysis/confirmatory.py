@@ -18,11 +18,23 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from fear_assets.analysis import gate_c as gc
+from fear_assets.analysis import secondary
 from fear_assets.analysis.controls import CONTROLS, control_verdict, fit_control
-from fear_assets.analysis.data import AGENTS, kept, levels_of, model_table
-from fear_assets.analysis.fits import Fit, contrast_summary, convergence_problems, fit_cells, remedied, remedy_draws
 from fear_assets.analysis.gate_b import recall_rows
-from fear_assets.analysis.primary_model import Fitter, MissingBandDepthError, divergences, hypotheses
+from fear_assets.models.data import AGENTS, kept, levels_of, model_table
+from fear_assets.models.fits import Fit, contrast_summary, convergence_problems, fit_cells, remedied, remedy_draws
+from fear_assets.models.h5_model import build_h5_model, cell_label, h5_contrast, prepare_h5
+from fear_assets.models.primary_model import (
+    Fitter,
+    MissingBandDepthError,
+    cell_means,
+    convergence,
+    divergences,
+    hypotheses,
+    posterior_draws,
+    sample,
+)
 
 
 @dataclass
@@ -182,7 +194,6 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
           f"fixed effects Normal(0, {reg.sensitivity_sd:g}) instead of the registered prior", fixed_sd=reg.sensitivity_sd)
 
     # -- gate (a): service relevance; role-play; base checkpoint --------------------------
-    from fear_assets.analysis import secondary
 
     data = table("service_relevance")
     if data.empty:
@@ -251,7 +262,6 @@ def base_checkpoint(inputs: Inputs, fitter: Fitter, block, table, refit, add, pr
     base checkpoint's own surprisal covariates), and the base-against-assistant difference
     in H2, one joint fit of the two checkpoints' trials on the frames that pass matching
     under both (4.3), each block with its own checkpoint's covariates and residual scale."""
-    from fear_assets.analysis import secondary
 
     names = ("H2_base_checkpoint", "H2_base_vs_assistant")
     if block("base_checkpoint").empty:
@@ -286,7 +296,6 @@ def delta_by_depth(fit: Fit, inputs: Inputs) -> pd.DataFrame:
     """Posterior cell means at each depth (for the Delta-by-depth plot)."""
     import arviz as az
 
-    from fear_assets.analysis.primary_model import cell_means, posterior_draws
 
     rows = []
     for depth in fit.data.levels["depth"]:
@@ -302,7 +311,6 @@ def delta_by_depth(fit: Fit, inputs: Inputs) -> pd.DataFrame:
 def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Result, fit_remedied) -> None:
     """Gate (c): standardised H2 of the tested model minus the judge's, in one joint model;
     labelled with ROPE 0.15/sigma and meaningful size 0.30/sigma (sigma from the pilot)."""
-    from fear_assets.analysis import gate_c as gc
 
     reg = inputs.registered
     tested_sigma = inputs.pilot_sigma
@@ -321,7 +329,6 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
     levels = levels_of(data, inputs.fears)
     sigmas = {"tested": tested_sigma, "judge": float(inputs.pilot_sigma_judge)}
     d = gc.prepare_gate_c(data, levels, sigmas, inputs.gate_c_priors.reader_factor_sd, outcome="outcome")
-    from fear_assets.analysis.primary_model import convergence, sample
 
     rope, meaningful = gc.gate_c_bounds(tested_sigma, reg.sesoi, reg.meaningful)
 
@@ -349,8 +356,6 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
 def h5(inputs: Inputs, block, out: Result, fit_remedied) -> None:
     """H5: d'(self, T) - d'(self, H) at the registered H5 depth; content-removed trials
     inform only the criterion."""
-    from fear_assets.analysis.h5_model import build_h5_model, h5_contrast, prepare_h5
-    from fear_assets.analysis.primary_model import sample
 
     reg = inputs.registered
     fc = kept(block("primary"))  # 4.8: excluded trials enter no estimand
@@ -389,7 +394,6 @@ def h5(inputs: Inputs, block, out: Result, fit_remedied) -> None:
 def dprime_secondaries(idata, cells) -> dict[str, np.ndarray]:
     """5: d'(self, threat) and the agent x content interaction on d', as draws: the H2 form
     (self vs peer) and the H3 form (self vs person) of [d'(a, T) - d'(a, H)] differences."""
-    from fear_assets.analysis.h5_model import cell_label
 
     dp = idata.posterior["dprime"]
     cell = lambda a, c: dp.sel(cell=cell_label((a, c))).values.reshape(-1)  # noqa: E731

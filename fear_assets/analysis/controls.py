@@ -33,6 +33,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from fear_assets.models.data import AGENTS, levels_of, prepared
+from fear_assets.models.joint import block_cell_means, prepare_joint
+from fear_assets.models.primary_model import cell_means, check_band, convergence, posterior_draws
+
 #: D4's four controls: name -> (control block suffix, kind of contrast).
 CONTROLS = {
     "addressee_name": "control_addressee_name",
@@ -132,9 +136,6 @@ def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame,
                 band: Sequence[str], seed: int) -> ControlFit:
     """D4's contrast of control ``name`` from its registered fit (see the module docstring).
     ``control`` and ``primary`` are model tables (``data.model_table``)."""
-    from fear_assets.analysis.data import AGENTS, levels_of, prepared
-    from fear_assets.analysis.joint import block_cell_means, prepare_joint
-    from fear_assets.analysis.primary_model import cell_means, check_band, convergence, posterior_draws
 
     if control.empty:
         raise ValueError(f"control {name}: no rows to fit; score its block first")

@@ -40,9 +40,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fear_assets.analysis.coding import cell_row
-from fear_assets.analysis.primary_model import COVARIATES, hypotheses, prepare
-from fear_assets.reading.decision import LABELS, label
+from fear_assets.models.coding import cell_row
+from fear_assets.models.primary_model import COVARIATES, hypotheses, prepare
+from fear_assets.models.decision import LABELS, label
 
 HYPOTHESES = ("H1", "H2", "H3")
 # Tried in order until one converges: statsmodels' default gradient methods, then Powell

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from fear_assets.analysis.data import AGENTS, CONTENTS
+from fear_assets.models.data import AGENTS, CONTENTS
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.joint import JointData, block_hypotheses, build_joint_model, prepare_joint
-from fear_assets.analysis.primary_model import COVARIATES, Priors
-from fear_assets.reading.decision import Decision, label
+from fear_assets.models.joint import JointData, block_hypotheses, build_joint_model, prepare_joint
+from fear_assets.models.primary_model import COVARIATES, Priors
+from fear_assets.models.decision import Decision, label
 
 READERS = ("tested", "judge")
 

@@ -15,14 +15,14 @@ import arviz as az
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.data import covariate_centres, sentence_covariates
-from fear_assets.analysis.fits import diagnostics_problems
-from fear_assets.analysis.primary_model import (Priors, build_model, cell_means, convergence, hypotheses,
+from fear_assets.models.data import covariate_centres, sentence_covariates
+from fear_assets.models.fits import diagnostics_problems
+from fear_assets.models.primary_model import (Priors, build_model, cell_means, convergence, hypotheses,
                                                 posterior_draws, prepare, sample)
 from fear_assets.probes.carriage import h4_interpretable
-from fear_assets.reading.decision import ESTIMATION_ONLY, label
-from fear_assets.reading.inputs import H4_PILOT_FIELD, declared_estimation_only
-from fear_assets.settings import AGENTS, CONTENTS, depth_key
+from fear_assets.models.decision import ESTIMATION_ONLY, label
+from fear_assets.registration.gates import H4_PILOT_FIELD, declared_estimation_only
+from fear_assets.core.settings import AGENTS, CONTENTS, depth_key
 
 
 def h4_data(outputs: pd.DataFrame, surprisal: pd.DataFrame, fears_of: Mapping[str, str],

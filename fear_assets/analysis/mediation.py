@@ -42,7 +42,7 @@ import pandas as pd
 
 from fear_assets.analysis.frequentist import (REQUIRED, check_band, check_columns, check_level, contrast_vectors,
                                               wald_rows)
-from fear_assets.analysis.primary_model import COVARIATES, prepare
+from fear_assets.models.primary_model import COVARIATES, prepare
 
 MEDIATOR = ("attention_agent", "attention_partner")
 NOTE = ("descriptive, not causal: attention mass is measured, not manipulated, so the proportion mediated "

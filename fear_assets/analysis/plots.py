@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fear_assets.reading.decision import label
+from fear_assets.models.decision import label
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_COLUMNS = ("mean", "hdi_low", "hdi_high", "label")

@@ -14,11 +14,17 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.data import levels_of
-from fear_assets.analysis.exclusions import exclusion_rates
+from fear_assets.analysis.controls import ControlFit, matched_primary
 from fear_assets.analysis.frequentist import label_disagreements, mixed_model_contrasts
-from fear_assets.analysis.mediation import attention_mediation, h2_with_without_covariates
+from fear_assets.analysis.mediation import NotEstimable, attention_mediation, h2_with_without_covariates
 from fear_assets.analysis.topic_frequency import load_topic_counts
+from fear_assets.models.data import AGENTS, levels_of
+from fear_assets.models.decision import label
+from fear_assets.models.exclusions import exclusion_rates
+from fear_assets.models.joint import block_hypotheses, prepare_joint
+from fear_assets.models.primary_model import convergence
+from fear_assets.pilot.matching import frame_differences, frame_verdicts
+from fear_assets.pilot.report_scoring import CATEGORIES, SIDES
 
 
 def _row(name: str, status: str, note: str, **numbers) -> dict:
@@ -34,7 +40,6 @@ def frames_passing_both(tested: pd.DataFrame, base: pd.DataFrame, tolerance: flo
     surprisal difference lies within ``tolerance`` (the registered matching rule,
     ``pilot.matching``) under the tested checkpoint's sentence surprisal and under the base
     checkpoint's."""
-    from fear_assets.pilot.matching import frame_differences, frame_verdicts
 
     def passing(surprisal: pd.DataFrame) -> set[str]:
         v = frame_verdicts(frame_differences(surprisal), tolerance)
@@ -62,10 +67,6 @@ def paired_h2_difference(fitter, condition: str, block: pd.DataFrame, primary: p
     reader's covariates; ``per_block_sigma``: each block its own residual scale (a different
     checkpoint reads the documents), else one shared (the same model under another prompt).
     Returns a ``controls.ControlFit`` (draws, rows, chains, diagnostics)."""
-    from fear_assets.analysis.controls import ControlFit, matched_primary
-    from fear_assets.analysis.data import AGENTS
-    from fear_assets.analysis.joint import block_hypotheses, prepare_joint
-    from fear_assets.analysis.primary_model import convergence
 
     if block.empty:
         raise ValueError(f"{condition}: no rows to fit; score its block first")
@@ -112,7 +113,6 @@ def mediation_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence[s
     says its status: ``descriptive`` (estimated with its interval), ``not_available`` (no
     attention mass recorded) or ``not_estimable`` (the design cannot give the interval, e.g.
     a single frame), never a number without interval and never a hidden failure."""
-    from fear_assets.analysis.mediation import NotEstimable
 
     levels = levels_of(primary, fears)
     data = primary.assign(delta=primary["outcome"])
@@ -194,7 +194,6 @@ def report_outcomes(answers: pd.DataFrame, reports: pd.DataFrame) -> pd.DataFram
     Returns ``answers``' trials that have both sides scored, with ``refusal`` (the answer is a
     refusal: its own category, no mention outcome) and ``difference`` = agent mention minus
     neutral mention (-1, 0 or 1; NaN on refusals)."""
-    from fear_assets.pilot.report_scoring import CATEGORIES, SIDES
 
     missing = [c for c in ("trial_id", "side", "category") if c not in reports.columns]
     if missing:
@@ -258,7 +257,6 @@ def class_rows(scores: pd.DataFrame, prefix: str, level: float, sesoi: float) ->
     aversive class is practically equivalent by the same interval rule."""
     from scipy import stats
 
-    from fear_assets.reading.decision import label
 
     out = []
     means = {}

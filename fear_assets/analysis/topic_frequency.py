@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from fear_assets.errors import InputError
+from fear_assets.core.errors import InputError
 
 COLUMNS = ("phrase", "count")
 _COUNT = re.compile(r"^[0-9]+$")

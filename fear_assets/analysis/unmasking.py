@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fear_assets.errors import FreezeError
+from fear_assets.core.errors import FreezeError
 
 
 def scoring_lock(registered_depths: list[str], scores: pd.DataFrame, frozen: dict) -> list[str]:

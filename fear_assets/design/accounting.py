@@ -10,7 +10,7 @@ import pandas as pd
 
 from fear_assets.design.trials import (BINDING_CELLS, FrameSelection, baseline_per_order, block_applies,
                                        block_depths, expected_block_rows)
-from fear_assets.settings import ProtocolSettings
+from fear_assets.core.settings import ProtocolSettings
 
 ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected_rows", "actual_rows",
                       "expected_per_code", "codes", "codes_off", "status", "formula"]

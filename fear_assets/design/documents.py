@@ -15,9 +15,9 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import pandas as pd
 
-from fear_assets.errors import DesignError
-from fear_assets.hashing import derived_seed, sha256_text
-from fear_assets.settings import ProtocolSettings
+from fear_assets.core.errors import DesignError
+from fear_assets.core.hashing import derived_seed, sha256_text
+from fear_assets.core.settings import ProtocolSettings
 from fear_assets.stimuli.bank import Bank, Item
 from fear_assets.stimuli.distractor import build_distractor
 from fear_assets.stimuli.roles import _prompt_slots, role_names

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.design.trials import BINDING_CELLS, block_applies
-from fear_assets.hashing import derived_seed
-from fear_assets.settings import ProtocolSettings
+from fear_assets.core.hashing import derived_seed
+from fear_assets.core.settings import ProtocolSettings
 
 KEY_COLUMNS = ["family", "condition_code", "condition", "agent", "content", "cell_index"]
 #: Columns that reveal the condition and therefore never enter the masked trial table.

@@ -10,7 +10,7 @@ import pandas as pd
 from fear_assets.design.documents import ChatTokenizer, DocumentBuilder, render_grid
 from fear_assets.design.masking import assignment_key, mask
 from fear_assets.design.trials import FrameSelection, baseline_per_order, build_grid
-from fear_assets.settings import ProtocolSettings, depth_key
+from fear_assets.core.settings import ProtocolSettings, depth_key
 from fear_assets.stimuli.bank import Bank
 
 TRIAL_COLUMNS = [

@@ -13,8 +13,8 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.errors import DesignError
-from fear_assets.settings import Block, Family, ProtocolSettings
+from fear_assets.core.errors import DesignError
+from fear_assets.core.settings import Block, Family, ProtocolSettings
 from fear_assets.stimuli.bank import Bank, Item
 
 #: Columns of the unmasked grid, in order.

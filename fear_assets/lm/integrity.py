@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from fear_assets.errors import FreezeError
-from fear_assets.hashing import sha256_file
+from fear_assets.core.errors import FreezeError
+from fear_assets.core.hashing import sha256_file
 
 
 class ModelIntegrityError(FreezeError):

@@ -17,10 +17,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fear_assets.errors import FearAssetsError
-from fear_assets.hashing import sha256_file
+from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.hashing import sha256_file, sha256_obj
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings
 from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, gguf_location
-from fear_assets.settings import DEFAULT_CACHE_DIR, ProtocolSettings
 
 #: Family roles whose checkpoints a configuration runs.
 ROLES = ("tested", "base", "scorer", "judge")
@@ -157,7 +157,6 @@ def manifest(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
 def manifest_digest(table) -> str:
     """sha256 of a model-manifest table (role, checkpoint, file, digest, loading settings),
     independent of row order and of how the store typed the columns."""
-    from fear_assets.hashing import sha256_obj
 
     cols = ["family", "role", "checkpoint", "file", "sha256", "dtype", "context_window", "attn_implementation"]
     rows = sorted(tuple(str(v) for v in r) for r in table[cols].itertuples(index=False))

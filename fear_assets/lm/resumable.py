@@ -2,7 +2,7 @@
 
 A partition's document requests are cut into fixed chunks of consecutive requests. Each
 finished chunk is written at once to one Parquet file, atomically (temporary name, fsync,
-``os.replace``, fsync of the directory: ``store.write_parquet_atomically``), named by the
+``os.replace``, fsync of the directory: ``core.files.write_parquet_atomically``), named by the
 sha256 of its requests' hashes. A request's hash covers the whole request as data (every
 branch text, continuation, choice, span) and a salt naming everything else that decides
 its readout (checkpoint, reader, context window, answer length, probe layers, end tokens,
@@ -30,7 +30,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.hashing import sha256_obj
+from fear_assets.core.files import write_parquet_atomically
+from fear_assets.core.hashing import sha256_obj
 from fear_assets.lm.scoring import DocumentRequest
 
 #: Documents per chunk file: what a crash can cost at most (not a registered number: it
@@ -119,7 +120,6 @@ def chunk_frame(chunk: Chunk, long: pd.DataFrame, readouts: pd.DataFrame, featur
 
 def write_chunk(directory: Path, chunk: Chunk, frame: pd.DataFrame) -> Path:
     """The chunk's file, written atomically (old content or all of the new, never a part)."""
-    from fear_assets.resources.store import write_parquet_atomically
 
     path = Path(directory) / chunk.filename
     write_parquet_atomically(frame, path)
@@ -262,33 +262,6 @@ def discard_chunks(cache_dir: str | Path, family: str, partition: str) -> None:
         shutil.rmtree(target)
 
 
-def dagster_progress(context, label: str) -> Callable[[Progress], None]:
-    """Progress to the run log and, as an asset observation, to the run's metadata in the UI."""
-    import dagster as dg
-
-    last = [-1.0]
-
-    def report(p: Progress) -> None:
-        context.log.info(p.message())
-        if p.elapsed - last[0] >= 15 or p.done == p.total or last[0] < 0:
-            last[0] = p.elapsed
-            context.log_event(dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key,
-                                                  metadata={"progress": label, **{k: v for k, v in p.metadata().items()
-                                                                                  if v is not None}}))
-
-    return report
-
-
 __all__ = ["CHUNK_DOCUMENTS", "Chunk", "ChunkError", "Progress", "ResumableResult", "assemble_chunks",
-           "chunk_directory", "chunk_frame", "dagster_progress", "discard_chunks", "plan_chunks", "read_chunk",
+           "chunk_directory", "chunk_frame", "discard_chunks", "plan_chunks", "read_chunk",
            "request_hash", "score_resumably", "scoring_salt", "write_chunk"]
-
-
-def score_partition(context, requests: Sequence[DocumentRequest], score: ScoreFn, cache_dir: str | Path,
-                    family: str, partition: str, reader: str, **salt) -> ResumableResult:
-    """The ``scores`` assets' call: one reader's requests of a partition, resumably, with
-    progress to the run log and the UI; ``salt`` names every non-request input of a readout."""
-    label = f"{family} {partition} [{reader}]"
-    return score_resumably(requests, score, chunk_directory(cache_dir, family, partition, reader),
-                           scoring_salt(family=family, reader=reader, **salt), label=label,
-                           report=dagster_progress(context, label))

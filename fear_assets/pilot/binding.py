@@ -22,8 +22,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.errors import FearAssetsError
-from fear_assets.settings import AGENTS, CONTENTS
+from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.settings import AGENTS, CONTENTS
 
 CHECK_COLUMNS = ["item_id", "content", "rotation", "role", "name", "expected_letter"]
 VERDICT_COLUMNS = ["item_id", "n_checks", "n_correct", "passes", "failed_checks"]

@@ -10,10 +10,10 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.errors import FearAssetsError
+from fear_assets.core.errors import FearAssetsError
 from fear_assets.pilot.report_scoring import CATEGORIES
-from fear_assets.analysis.data import kept
-from fear_assets.settings import depth_index, depth_key
+from fear_assets.models.data import kept
+from fear_assets.core.settings import depth_index, depth_key
 
 RATE_COLUMNS = ["depth_index", "answers", "refusals", "mentions", "neutral_mention_rate"]
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from fear_assets.analysis.primary_model import implied_residual_sd
-from fear_assets.settings import depth_index
+from fear_assets.models.primary_model import implied_residual_sd
+from fear_assets.core.settings import depth_index
 
 #: The pilot block each reader's sigma is fitted on (the primary cells, read by that reader).
 SIGMA_BLOCKS = {"tested": "pilot_primary", "judge": "pilot_judge"}

@@ -21,7 +21,7 @@ from itertools import combinations
 from typing import Mapping, Sequence
 
 import pandas as pd
-from fear_assets.settings import AGENTS
+from fear_assets.core.settings import AGENTS
 from statsmodels.stats.weightstats import DescrStatsW
 
 TOST_COLUMNS = ["comparison", "n", "mean_difference", "tost_p"]

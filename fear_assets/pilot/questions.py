@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from fear_assets.design.documents import SENTINEL, DocumentBuilder, _forced_choice, agent_sentence
-from fear_assets.settings import AGENTS
+from fear_assets.core.settings import AGENTS
 from fear_assets.stimuli.bank import Item
 from fear_assets.stimuli.roles import role_names
 

@@ -23,7 +23,7 @@ import pandas as pd
 from nltk.stem.snowball import SnowballStemmer
 from sklearn.metrics import cohen_kappa_score
 
-from fear_assets.errors import FearAssetsError
+from fear_assets.core.errors import FearAssetsError
 
 SIDES = ("agent", "partner")
 CATEGORIES = ("mention", "no_mention", "refusal")

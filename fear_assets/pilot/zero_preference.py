@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.errors import FearAssetsError
+from fear_assets.core.errors import FearAssetsError
 
 INPUT_COLUMNS = ("item_id", "fear", "frame_set", "kind", "agent", "content", "rotation", "first_listed",
                  "logprob_a", "logprob_b")

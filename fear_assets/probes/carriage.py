@@ -24,7 +24,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from statsmodels.stats.proportion import proportion_confint
 
-from fear_assets.hashing import derived_seed
+from fear_assets.core.hashing import derived_seed
 
 RESIDUAL_KEYS = ["order", "depth_index", "condition_code"]
 CONTROLS = {

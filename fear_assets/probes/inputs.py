@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.data import kept
-from fear_assets.hashing import sha256_file
-from fear_assets.settings import depth_index
+from fear_assets.models.data import kept
+from fear_assets.core.hashing import sha256_file
+from fear_assets.core.settings import depth_index
 
 #: Blocks probed per frame set: the two agent blocks (shown option, other option) and the
 #: no-agent control block (6.1).

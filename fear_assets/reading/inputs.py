@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.errors import FearAssetsError
-from fear_assets.reading.decision import ESTIMATION_ONLY, NOT_SCORED
-from fear_assets.registration.gates import registered_power_result
+from fear_assets.core.errors import FearAssetsError
+from fear_assets.models.decision import ESTIMATION_ONLY, NOT_SCORED
+from fear_assets.registration.gates import POWER_FIELD, declared_estimation_only, registered_power_result
 
 #: Estimands that can change the reading (6.2: H1-H5 are judged by the rule, the gates and
 #: the controls decide rows 1 and 7-12). Secondary and sensitivity rows "cannot change the
@@ -25,11 +25,6 @@ GATE_CONTRASTS = {"gate_a": "gate_a_service_relevance_H2", "gate_b": "gate_b_rec
                   "gate_c": "gate_c_judge_H2_difference"}
 #: The record fields the reading reads (written by the ``registration_record`` asset).
 BINDING_FIELD = "binding_in_context"
-#: A stored power result (6.3; ``power_summary``, issue 11) puts its decisions under this key
-#: of the registration record; the reading reads ``gates_underpowered`` and ``estimation_only``.
-POWER_FIELD = "power"
-#: The pilot probe's H4 declarations (6.1), carried by the record to H4's row (never a gate).
-H4_PILOT_FIELD = "h4_pilot"
 #: 6.2: "H1, H3 and H4 ... do not change the Section 8 reading". H4's own rules in 6.1
 #: (uninterpretable, estimation-only) are flags on its row, and so is its convergence.
 NOT_READING_CONTRASTS = ("H4",)
@@ -71,22 +66,6 @@ def gates_underpowered(record: Mapping[str, Any]) -> bool | None:
             "(6.3: whether the gates are the source of a shortfall). Fix: re-run power_summary, then "
             "registration_record")
     return value
-
-
-def declared_estimation_only(record: Mapping[str, Any]) -> dict[str, str]:
-    """Every hypothesis declared estimation-only before collection, with why: those the
-    registered power result lists (6.3: "any hypothesis still below target is declared
-    estimation-only before collection"; a demo or incomplete result decides nothing, as for
-    ``gates_underpowered``) and H4 when the pilot probe is at the ceiling (6.1)."""
-    out: dict[str, str] = {}
-    power = record.get(POWER_FIELD)
-    if registered_power_result(power):
-        for h in power.get("estimation_only") or []:
-            out[str(h)] = "power simulation (6.3): below its targets at the registered frame count"
-    h4 = record.get(H4_PILOT_FIELD)
-    if isinstance(h4, Mapping) and h4.get("estimation_only"):
-        out["H4"] = "; ".join(filter(None, (out.get("H4"), "pilot probe above the ceiling at the band depths (6.1)")))
-    return out
 
 
 def apply_estimation_only(posteriors: pd.DataFrame, declared: Mapping[str, str]) -> pd.DataFrame:

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from fear_assets.errors import FreezeError
-from fear_assets.hashing import sha256_file
+from fear_assets.core.errors import FreezeError
+from fear_assets.core.hashing import sha256_file
 from fear_assets.pilot.depth_rules import stored_band
 from fear_assets.registration.gates import deviations, registered_power_result, registration_status
 from fear_assets.registration.pilot_gates import h4_pilot_declarations

@@ -20,8 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fear_assets.errors import FreezeError
-from fear_assets.settings import DEFAULT_BANK_DIR, DEFAULT_REGISTRATION_DIR, DEFAULT_SETTINGS_PATH, ProtocolSettings, load_settings
+from fear_assets.core.errors import FreezeError
+from fear_assets.core.settings import DEFAULT_BANK_DIR, DEFAULT_REGISTRATION_DIR, DEFAULT_SETTINGS_PATH, ProtocolSettings, load_settings
 from fear_assets.stimuli.bank import Bank, load_bank
 
 RECORD_NAME = "frozen_inputs.json"

@@ -13,6 +13,12 @@ from typing import Any, Mapping
 DRAFT, REGISTERED, REFUSED = "draft", "registered", "refused"
 
 
+#: A stored power result (6.3; ``power_summary``) puts its decisions under this key
+#: of the registration record; the reading reads ``gates_underpowered`` and ``estimation_only``.
+POWER_FIELD = "power"
+#: The pilot probe's H4 declarations (6.1), carried by the record to H4's row (never a gate).
+H4_PILOT_FIELD = "h4_pilot"
+
 def binding_outcomes(in_context_passed: bool, in_context_correct: int, in_context_documents: int,
                      in_context_message: str, frames_failing: int,
                      frames_to_write: Mapping[str, int]) -> tuple[dict, dict]:
@@ -94,3 +100,19 @@ def deviations(zero_preference_low: float, zero_preference_high: float) -> list[
                "the band would reject frames for a letter bias, which is not a preference for a content. The "
                "mean P(first-listed letter) is reported beside the gate",
     }]
+
+
+def declared_estimation_only(record: Mapping[str, Any]) -> dict[str, str]:
+    """Every hypothesis declared estimation-only before collection, with why: those the
+    registered power result lists (6.3: "any hypothesis still below target is declared
+    estimation-only before collection"; a demo or incomplete result decides nothing, as for
+    ``gates_underpowered``) and H4 when the pilot probe is at the ceiling (6.1)."""
+    out: dict[str, str] = {}
+    power = record.get(POWER_FIELD)
+    if registered_power_result(power):
+        for h in power.get("estimation_only") or []:
+            out[str(h)] = "power simulation (6.3): below its targets at the registered frame count"
+    h4 = record.get(H4_PILOT_FIELD)
+    if isinstance(h4, Mapping) and h4.get("estimation_only"):
+        out["H4"] = "; ".join(filter(None, (out.get("H4"), "pilot probe above the ceiling at the band depths (6.1)")))
+    return out

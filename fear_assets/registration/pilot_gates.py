@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from fear_assets.lm.name_gate import selected_names
+from fear_assets.stimuli.name_gate import selected_names
 from fear_assets.pilot.matching import final_bank_matching, matching_problems, select_frames
 from fear_assets.pilot.zero_preference import content_slot_rewrites, rewrite_message
 from fear_assets.registration.gates import binding_outcomes, power_gate
-from fear_assets.settings_sections import Matching
+from fear_assets.core.sections import Matching
 
 
 def final_selection(matched: pd.DataFrame, binding: pd.DataFrame, numbers: Mapping[str, int],

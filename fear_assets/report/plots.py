@@ -18,7 +18,7 @@ from fear_assets.analysis.plots import (COLOURS, NOT_CONVERGED_COLOUR, NOT_CONVE
                                         markdown_image)
 
 __all__ = ["probe_accuracy_plot", "matching_plot", "binding_plot", "label_frequency_plot", "name_gate_table", "name_gate_plot",
-           "markdown_image", "metadata_image"]
+           "markdown_image"]
 
 PASS, FAIL = "#1b7837", "#b2182b"
 
@@ -36,13 +36,6 @@ def _nothing(message: str) -> bytes:
     ax.axis("off")
     ax.text(0.5, 0.5, message, ha="center", va="center")
     return _png(fig)
-
-
-def metadata_image(png: bytes, alt: str):
-    """The Dagster metadata value that shows ``png`` in the UI (Markdown with a data URI)."""
-    import dagster as dg
-
-    return dg.MetadataValue.md(markdown_image(png, alt))
 
 
 def probe_accuracy_plot(probe_outputs: pd.DataFrame, probe_controls: pd.DataFrame) -> bytes:

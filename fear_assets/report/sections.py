@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.plots import forest_plot
-from fear_assets.hashing import sha256_file
+from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
 from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.report.stage2 import Provenance, Ran, Section, cite_all, deviations, hypotheses_table, html_to_pdf
-from fear_assets.settings import depth_key
+from fear_assets.core.settings import depth_key
 
 
 def ran_facts(settings, family_key: str, record: dict, posteriors, scores, frame_bank, model_manifest,

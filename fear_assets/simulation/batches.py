@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from fear_assets.settings import ProtocolSettings
+from fear_assets.core.settings import ProtocolSettings
 from fear_assets.simulation.store import batch_key
 from fear_assets.simulation.targets import PowerTargets, frame_sequence
 

@@ -18,9 +18,28 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.data import AGENTS, CONTENTS
-from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, prepare
+from fear_assets.analysis.controls import ADDRESSEE_AGENTS
+from fear_assets.models.data import AGENTS, CONTENTS, levels_of
+from fear_assets.models.primary_model import COVARIATES, PrimaryData, prepare
 from fear_assets.design.trials import content_option, forced_choice_first_listed
+
+
+@dataclass(frozen=True)
+class AddresseeDesign:
+    """The addressee control's block (4.6): its own registered cells on the same frames."""
+
+    table: pd.DataFrame
+    data: PrimaryData
+    band: tuple[str, ...]
+
+
+def addressee_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int, seed: int
+                     ) -> AddresseeDesign:
+    """The addressee control's block: its own registered cells, no surprisal covariates (4.6)."""
+    table = design_table(settings, depth_keys, n_frames, list(settings.fears), (), seed, cell_set="control_addressee")
+    levels = levels_of(table, settings.fears, ADDRESSEE_AGENTS)
+    d = prepare(table.assign(outcome=0.0), levels, outcome="outcome", covariates=())
+    return AddresseeDesign(table, d, tuple(band))
 
 
 @dataclass(frozen=True)
@@ -31,8 +50,8 @@ class SimulatedDesign:
     data: PrimaryData
     band: tuple[str, ...]
     n_frames: int
-    #: The addressee control's own block (``models.AddresseeDesign``) on the same frames.
-    addressee: object = None
+    #: The addressee control's own block (``AddresseeDesign``) on the same frames.
+    addressee: AddresseeDesign | None = None
     #: The registered H5 depth (H5's forced choices are read there).
     h5_depth: str | None = None
 
@@ -79,8 +98,6 @@ def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n
     """The design at ``n_frames`` frames over ``depth_keys`` (the family's registered depths);
     ``band`` is the registered depth band over which H1-H3 are averaged; ``h5_depth`` the
     registered H5 depth (None: the band's deepest depth, the pilot's rule not yet run)."""
-    from fear_assets.simulation.models import addressee_design
-
     fears = list(settings.fears)
     missing = [b for b in band if b not in depth_keys]
     if missing:

@@ -24,8 +24,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from fear_assets.analysis.primary_model import COVARIATES, PrimaryData, cell_means, hypotheses, posterior_draws
-from fear_assets.settings_sections import SCENARIOS
+from fear_assets.models.primary_model import COVARIATES, PrimaryData, cell_means, hypotheses, posterior_draws
+from fear_assets.core.sections import SCENARIOS
 
 AGENT_ORDER = ("self", "peer", "person")
 

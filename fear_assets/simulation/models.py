@@ -45,11 +45,23 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.controls import ADDRESSEE_AGENTS, addressee_contrast
-from fear_assets.analysis.primary_model import PrimaryData, cell_means, prepare
-from fear_assets.simulation.design import SimulatedDesign, design_table
-from fear_assets.simulation.generator import (PilotEstimates, agent_effects, block_deviation_covariance,
-                                              draw_frame_effects, simulate_block, true_beta, with_block_deviations)
+from fear_assets.analysis.controls import addressee_contrast
+from fear_assets.analysis.h4 import h4_model_data
+from fear_assets.models.data import AGENTS, CONTENTS, kept
+from fear_assets.models.h5_model import build_h5_model, prepare_h5
+from fear_assets.models.joint import deviation_columns
+from fear_assets.models.primary_model import PrimaryData, build_model, cell_means, posterior_draws, prepare, sample
+from fear_assets.simulation.design import AddresseeDesign, SimulatedDesign
+from fear_assets.simulation.generator import (
+    PilotEstimates,
+    agent_effects,
+    block_deviation_covariance,
+    draw_frame_effects,
+    pilot_estimates,
+    simulate_block,
+    true_beta,
+    with_block_deviations,
+)
 
 
 def own_frames(est: PilotEstimates, frames: np.ndarray, inflation: float, rng: np.random.Generator,
@@ -57,7 +69,6 @@ def own_frames(est: PilotEstimates, frames: np.ndarray, inflation: float, rng: n
     """A second block's frame effects: the primary block's ``frames`` plus its own deviations of
     the joint model's contrast terms (``joint.deviation_columns``), at ``deviation_cov`` (default:
     ``block_deviation_covariance``, the pilot's, inflated)."""
-    from fear_assets.analysis.joint import deviation_columns
 
     columns = deviation_columns(frames.shape[1])
     cov = block_deviation_covariance(est, inflation, columns) if deviation_cov is None else deviation_cov
@@ -151,24 +162,6 @@ def control_tables(design: SimulatedDesign, est: PilotEstimates, primary: Primar
     return with_outcome(design, control), with_outcome(design, primary)
 
 
-@dataclass(frozen=True)
-class AddresseeDesign:
-    table: pd.DataFrame
-    data: PrimaryData
-    band: tuple[str, ...]
-
-
-def addressee_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int, seed: int
-                     ) -> AddresseeDesign:
-    """The addressee control's block: its own registered cells, no surprisal covariates (4.6)."""
-    from fear_assets.analysis.data import levels_of
-
-    table = design_table(settings, depth_keys, n_frames, list(settings.fears), (), seed, cell_set="control_addressee")
-    levels = levels_of(table, settings.fears, ADDRESSEE_AGENTS)
-    d = prepare(table.assign(outcome=0.0), levels, outcome="outcome", covariates=())
-    return AddresseeDesign(table, d, tuple(band))
-
-
 def addressee_table(ad: AddresseeDesign, est: PilotEstimates, contrast: float, inflation: float,
                     rng: np.random.Generator) -> pd.DataFrame:
     """Outcomes of the addressee block: the pilot intercept and variance components (the four
@@ -242,7 +235,6 @@ def h5_table(rows: pd.DataFrame, cells: Sequence[tuple[str, str]], h5: H5Estimat
     the pilot's position and cell effects and frame intercepts."""
     from scipy.special import ndtr
 
-    from fear_assets.analysis.h5_model import prepare_h5
 
     d = prepare_h5(rows, cells)
     dprime = np.full(len(cells), h5.dprime)
@@ -270,9 +262,9 @@ def shared_primary(design: SimulatedDesign, est: PilotEstimates, beta: np.ndarra
     return simulate_block(design.data, est, beta, 0.0, inflation, rng, frames=frames), frames
 
 
-__all__ = ["H5Estimates", "h5_estimates", "pilot_residual_sd", "control_tables", "addressee_design",
+__all__ = ["H5Estimates", "h5_estimates", "pilot_residual_sd", "control_tables",
            "addressee_table", "judge_table", "h4_design", "h4_table", "h5_rows", "h5_table", "h5_frame_deviations",
-           "shared_primary", "AddresseeDesign", "own_frames"]
+           "shared_primary", "own_frames"]
 
 
 def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str,
@@ -283,7 +275,6 @@ def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str,
     inform only the criterion (4.5, 6.1). ``pilot_primary`` / ``content_removed``: the
     unmasked pilot scores of those blocks (agent, content, depth, fc_choice, content_option,
     fc_first_listed, item_id); a design that scores no content-removed block passes None."""
-    from fear_assets.analysis.data import kept
 
     def at_depth(scores: pd.DataFrame) -> pd.DataFrame:
         fc = kept(scores)
@@ -304,9 +295,6 @@ def h5_pilot_rows(pilot_primary: pd.DataFrame, h5_depth: str,
 def h5_pilot_estimates(rows: pd.DataFrame, priors, draws: int, tune: int, chains: int, seed: int) -> H5Estimates:
     """6.3's pilot estimates of H5's probit: the registered model (``build_h5_model``) fitted to
     the pilot's forced choices, posterior means."""
-    from fear_assets.analysis.data import AGENTS, CONTENTS
-    from fear_assets.analysis.h5_model import build_h5_model, prepare_h5
-    from fear_assets.analysis.primary_model import sample
 
     cells = [(a, c) for a in AGENTS for c in CONTENTS]
     idata = sample(build_h5_model(prepare_h5(rows, cells), priors), draws, tune, chains, seed)
@@ -318,8 +306,6 @@ def h4_pilot_fit(data: pd.DataFrame, fears: Sequence[str], priors, draws: int, t
     """6.3's pilot estimates of H4's model from the pilot's probe outputs (``analysis.h4.h4_data``
     of the unmasked pilot probe): the registered H4 model (the primary model on probe log-odds
     with a document intercept, as ``analysis.h4.fit_h4`` builds it) fitted, posterior means."""
-    from fear_assets.analysis.h4 import h4_model_data
-    from fear_assets.analysis.primary_model import build_model, sample
 
     d = h4_model_data(data, fears)
     return h4_pilot_estimates(sample(build_model(d, priors), draws, tune, chains, seed), d)
@@ -329,8 +315,6 @@ def h4_pilot_estimates(idata, d: PrimaryData) -> dict:
     """6.3's pilot estimates of H4's model (``PilotEstimates.h4``): posterior means of the
     pilot's H4 fit (the primary model on probe log-odds, ``prepare(..., document=...)``) plus
     its document-intercept SD."""
-    from fear_assets.analysis.primary_model import posterior_draws
-    from fear_assets.simulation.generator import pilot_estimates
 
     if d.document is None:
         raise ValueError("H4's pilot fit has no document index: prepare it with document='document'")

@@ -22,14 +22,32 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.controls import control_verdict
-from fear_assets.analysis.fits import contrast_summary, convergence_problems
-from fear_assets.analysis.primary_model import Fitter, cell_means, divergences, frame_form_of, hypotheses, posterior_draws
-from fear_assets.hashing import derived_seed
+from fear_assets.analysis import gate_c as gc
+from fear_assets.analysis.controls import control_verdict, fit_control
+from fear_assets.core.hashing import derived_seed
+from fear_assets.models.data import AGENTS, CONTENTS, levels_of
+from fear_assets.models.fits import contrast_summary, convergence_problems
+from fear_assets.models.h5_model import H5Priors, build_h5_model, h5_contrast, prepare_h5
+from fear_assets.models.primary_model import (
+    Fitter,
+    cell_means,
+    divergences,
+    frame_form_of,
+    hypotheses,
+    posterior_draws,
+    sample,
+)
+from fear_assets.simulation import models
 from fear_assets.simulation.design import SimulatedDesign
-from fear_assets.analysis.data import AGENTS, CONTENTS
-from fear_assets.simulation.generator import (PRIMARY_MODEL_BLOCKS, PilotEstimates, block_effects,
-                                              scenario_size, simulate_block, true_beta)
+from fear_assets.simulation.generator import (
+    PRIMARY_MODEL_BLOCKS,
+    PilotEstimates,
+    block_effects,
+    scenario_size,
+    simulate_block,
+    true_beta,
+)
+from fear_assets.simulation.models import pilot_residual_sd
 
 #: Contrasts reported from each block.
 REPORTED = {"primary": ("H1", "H2", "H3"), "recall": ("gate_b",), "service_relevance": ("gate_a",),
@@ -65,7 +83,6 @@ class Rules:
 
     @classmethod
     def from_settings(cls, settings) -> "Rules":
-        from fear_assets.analysis.h5_model import H5Priors
 
         dec, ctrl = settings.decision, settings.positive_controls
         return cls(dec.hdi_prob, dec.sesoi, dec.meaningful, asdict(settings.convergence),
@@ -81,7 +98,6 @@ def dataset_seed(master_seed: int, family: str, scenario: str, frames: int, data
 def truths(scenario: str, rules: Rules, est: PilotEstimates) -> dict[str, float]:
     """The true value of every reported contrast in a scenario (gate (c) on its standardised
     scale: the tested model's H2 minus the judge's zero, over the pilot residual SD)."""
-    from fear_assets.simulation.models import pilot_residual_sd
 
     size = scenario_size(scenario, {"meaningful": rules.meaningful, "sesoi": rules.sesoi})
     out = {"H1": size, "H2": size, "H3": size, "H4": size, "H5": size, "gate_a": size, "gate_b": size,
@@ -132,11 +148,6 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
     otherwise; the controls 2-4 and gate (c) are joint fits with the primary block, so they
     need "primary"), each with its registered analysis model; one row per reported contrast.
     Blocks whose pilot estimates are missing (``not_simulated``) are skipped."""
-    from fear_assets.analysis import gate_c as gc
-    from fear_assets.analysis.controls import fit_control
-    from fear_assets.analysis.h5_model import build_h5_model, h5_contrast
-    from fear_assets.analysis.primary_model import sample
-    from fear_assets.simulation import models
 
     unknown = [b for b in blocks if b not in PRIMARY_MODEL_BLOCKS]
     if unknown:
@@ -187,7 +198,6 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
             judge = models.judge_table(design, est, frames, sigma_j, rules.inflation, rng)
             data = pd.concat([models.with_outcome(design, primary).assign(reader="tested"),
                               judge.assign(reader="judge")], ignore_index=True)
-            from fear_assets.analysis.data import levels_of
 
             d = gc.prepare_gate_c(data, levels_of(data, fears), {"tested": sigma_t, "judge": sigma_j},
                                   rules.reader_factor_sd, outcome="outcome")
@@ -210,7 +220,6 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
             rows.append(row("H4", h["H2"], int(idata.posterior.sizes["chain"]), divergences(idata),
                             frame_form=frame_form_of(idata)))
         elif block == "forced_choice":
-            from fear_assets.analysis.h5_model import prepare_h5
 
             cells = [(a, c) for a in AGENTS for c in CONTENTS]  # as analysis.confirmatory.h5 orders them
             rows_h5 = models.h5_table(models.h5_rows(design, design.h5_depth), cells,

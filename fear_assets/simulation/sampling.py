@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.primary_model import Fitter
+from fear_assets.models.primary_model import Fitter
 
 
 def frame_forms(labels: pd.DataFrame) -> dict[str, dict[str, int]]:

@@ -8,8 +8,8 @@ import json
 
 import pandas as pd
 
-from fear_assets.analysis.primary_model import Fitter, Priors
-from fear_assets.hashing import sha256_obj
+from fear_assets.models.primary_model import Fitter, Priors
+from fear_assets.core.hashing import sha256_obj
 from fear_assets.registration.record import analysis_code_sha256
 
 

@@ -24,7 +24,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from fear_assets.reading.decision import ESTIMATION_ONLY, READINGS, section8_reading
+from fear_assets.models.decision import ESTIMATION_ONLY
+from fear_assets.reading.decision import READINGS, section8_reading
 
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5")
 GATES = ("gate_a", "gate_b", "gate_c")

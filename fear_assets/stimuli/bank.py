@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from fear_assets.errors import BankError, input_boundary
-from fear_assets.hashing import canonical_json, sha256_obj
-from fear_assets.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, ProtocolSettings, load_settings
+from fear_assets.core.errors import BankError, input_boundary
+from fear_assets.core.hashing import canonical_json, sha256_obj
+from fear_assets.core.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, ProtocolSettings, load_settings
 from fear_assets.stimuli.roles import agent_mentions
 
 AGENT_KINDS = ("assistant", "person")

@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from fear_assets.errors import DesignError
+from fear_assets.core.errors import DesignError
 
 _FORMATTER = string.Formatter()
 #: What surrounds the distractor in every document (see templates.yaml "document").

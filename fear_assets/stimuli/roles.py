@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from fear_assets.settings import AGENTS, ProtocolSettings
+from fear_assets.core.settings import AGENTS, ProtocolSettings
 
 
 def role_names(settings: ProtocolSettings, names: Sequence[str], rotation: int) -> dict[str, str]:

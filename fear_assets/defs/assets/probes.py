@@ -1,0 +1,95 @@
+"""Stage "probes" (protocol 4.5 Branch 3, 6.1): the carriage probe on the confirmatory
+frames, H4's input. The pilot's probe (decoding and ceiling rules, 6.3) is
+``pilot_probe_outputs`` in stage pilot; both run the same wiring below."""
+
+import os
+
+import dagster as dg
+import pandas as pd
+
+from fear_assets.defs.metadata import metadata_image
+from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, run_probes
+from fear_assets.probes.inputs import PROBE_BLOCKS, probe_inputs
+from fear_assets.report import plots as report_plots
+from fear_assets.defs.resources.protocol import ProtocolResource
+
+OUTPUTS_DOC = ("Per probed document (both content versions), the held-out probability of the shown option, "
+               "clipped to [0.001, 0.999], and its log-odds: H4's input (protocol 4.5, 6.1).")
+CONTROLS_DOC = ("Held-out accuracy of the probe and of each control probe with its 99% interval "
+                "(protocol 6.1: every control probe must decode at chance).")
+
+
+def probe_frame_set(context, settings, family_key: str, scores: pd.DataFrame, frame_set: str):
+    """(outputs, controls) of one frame set's probe, every frame's three rotation folds in
+    parallel; (None, None) where the frame set's blocks were not scored."""
+    blocks = PROBE_BLOCKS[frame_set]
+    if scores.empty or not scores["block"].isin(blocks[:2]).any():
+        return None, None
+    config = ProbeSettings.from_settings(settings)
+    n_jobs = max(1, os.cpu_count() or 1)
+    X, meta, Xna, na = probe_inputs(scores, blocks)
+    out, ctrl = run_probes(X, meta, config, Xna, na, n_jobs=n_jobs)
+    context.log.info(f"{family_key} {frame_set}: {len(out)} held-out predictions from "
+                     f"{meta['item_id'].nunique()} frames x 3 folds on {n_jobs} cores")
+    ctrl = ctrl.assign(family=family_key, frame_set=frame_set, h4_interpretable=h4_interpretable(ctrl))
+    return out.assign(family=family_key, frame_set=frame_set), ctrl
+
+
+def probe_metadata(outputs: pd.DataFrame, controls: pd.DataFrame) -> tuple[dict, dict]:
+    if outputs.empty:
+        return {"documents": 0, "note": "no probed documents in this design"}, {"controls": "none"}
+    shown = controls[["frame_set", "probe", "accuracy", "interval_low", "interval_high", "excludes_chance"]]
+    return ({"documents": len(outputs), "mean accuracy": round(float(outputs["correct"].mean()), 4),
+             "probe accuracy by depth with controls (plot)": metadata_image(
+                 report_plots.probe_accuracy_plot(outputs, controls), "probe accuracy by depth with its controls"),
+             "accuracy by depth": dg.MetadataValue.md(outputs.groupby(["frame_set", "depth_index"])["correct"].mean()
+                                                      .round(3).to_frame().to_markdown())},
+            {"controls": dg.MetadataValue.md(shown.round(4).to_markdown(index=False))})
+
+
+@dg.multi_asset(
+    partitions_def=family_partitions, pool="duckdb", can_subset=False,
+    ins={"confirmatory_scores": dg.AssetIn(partition_mapping=all_depths_of_family)},
+    outs={"probe_outputs": dg.AssetOut(metadata=FAMILY_EXPR, kinds={"duckdb", "sklearn"}, description=OUTPUTS_DOC),
+          "probe_controls": dg.AssetOut(metadata=FAMILY_EXPR, kinds={"duckdb", "sklearn"}, description=CONTROLS_DOC)},
+)
+def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, confirmatory_scores: pd.DataFrame):
+    """The carriage probe of one family on the confirmatory frames (4.5 Branch 3, 6.1):
+    "a linear probe on the residual stream, trained and tested across rotation folds".
+    Empty where the design scores no confirmatory probe block (the embedded demo); H4 then
+    reads the pilot's probe, flagged descriptive."""
+    family_key = context.partition_key
+    out, ctrl = probe_frame_set(context, protocol.settings(), family_key, confirmatory_scores, "confirmatory")
+    outputs = out if out is not None else pd.DataFrame({"family": pd.Series(dtype=str)})
+    controls = ctrl if ctrl is not None else pd.DataFrame({"family": pd.Series(dtype=str)})
+    meta_out, meta_ctrl = probe_metadata(outputs, controls)
+    yield dg.Output(outputs, output_name="probe_outputs", metadata=meta_out)
+    yield dg.Output(controls, output_name="probe_controls", metadata=meta_ctrl)
+
+
+AT_CHANCE_DOC = ("Protocol 6.1: every control probe (cell+order+depth, order+depth, depth, shuffled labels, "
+                 "no agent sentence) decodes at chance: its 99% interval includes 0.5. Otherwise H4 is "
+                 "uninterpretable for this configuration: a flag on H4's row, never blocking.")
+
+
+def at_chance(controls: pd.DataFrame) -> dg.AssetCheckResult:
+    """The 6.1 control-probe check on one probe_controls table. A failure is a warning: it
+    declares H4 uninterpretable (a flag on H4's row), and H4 never changes the reading (6.2),
+    so it must not stop H2, H5 or the reading."""
+    if controls.empty:
+        return dg.AssetCheckResult(passed=True, description="no probe ran in this design: nothing to check")
+    bad = controls[(controls["probe"] != "probe") & controls["excludes_chance"]]
+    return dg.AssetCheckResult(
+        passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
+        description="all control probes at chance" if bad.empty else
+        "H4 is uninterpretable: these controls decode above or below chance: "
+        + ", ".join(f"{r.frame_set}/{r.probe} ({r.accuracy:.3f})" for r in bad.itertuples())
+        + ". Next: look for a confound in the listed factor (frame, order, depth) before collection",
+        metadata={"controls": dg.MetadataValue.md(controls[["frame_set", "probe", "accuracy", "interval_low",
+                                                            "interval_high"]].round(4).to_markdown(index=False))})
+
+
+@dg.asset_check(asset="probe_controls", blocking=False, description=AT_CHANCE_DOC)
+def controls_at_chance(probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
+    return at_chance(probe_controls)

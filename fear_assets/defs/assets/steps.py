@@ -1,0 +1,206 @@
+"""Wiring shared by several stages' assets (no assets here): running the model over a
+request list, the pilot's question answering and the registered fitter. Every rule they
+apply lives in the science packages."""
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+
+from fear_assets.models.primary_model import Fitter, Priors
+from fear_assets.design.applicable import not_applicable
+from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.table import build_trial_table
+from fear_assets.design.trials import candidate_frames, registered_selection
+from fear_assets.core.errors import DesignError
+from fear_assets.core.hashing import sha256_file
+from fear_assets.lm.choices import choice_logprobs
+from fear_assets.lm.engine import TeacherForcedEngine
+from fear_assets.lm.integrity import manifest_files
+from fear_assets.lm.models import registry
+from fear_assets.stimuli.name_gate import selected_names
+from fear_assets.defs.progress import score_partition
+from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.lm.tokenizers import end_of_turn_ids, family_tokenizers
+from fear_assets.design.trial_scores import assemble
+
+
+def write_features(path: Path, features: np.ndarray) -> str:
+    """Atomic .npy write; returns its sha256 (Appendix B: activation checksums)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        np.save(tmp, features)
+    os.replace(tmp.name, path)
+    return sha256_file(path)
+
+
+def score_table(context, protocol, language_model, table: pd.DataFrame, family_key: str, depth: str,
+                feature_name: str, model_manifest: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
+    """Score every trial of ``table`` (one family x depth; 4.5): one loop over the request
+    list that never decides what to score. Returns (rows, metadata)."""
+    settings, bank = protocol.settings(), protocol.bank()
+    family = settings.family(family_key)
+    reduced = family.reduced_design
+    names = json.loads(table["selected_names"].iloc[0])
+    specs = registry(settings, family_key)
+    parts, all_features, offset, resumed = [], [], 0, {}
+    # One builder for every reader: the distractors are cut in the tested tokenizer once.
+    builder = DocumentBuilder(settings, bank, family_key, names,
+                              family_tokenizers(settings, family, Path(protocol.cache_dir)))
+    for reader, rows in table.groupby("reader", sort=False):
+        spec = specs["base" if reader == "base" else reader]
+        # The checkpoint's files against the stored manifest before anything is scored (4.1, D6).
+        model, tokenizer = language_model.load(
+            spec, manifest_files(model_manifest, spec.checkpoint) if model_manifest is not None else None)
+        requests = build_requests(rows, bank.templates, builder.document_text,
+                                  reduced.branches if reduced is not None else None)
+        config = ScoringSettings(spec.context_window, settings.generation.max_new_tokens,
+                                 settings.probe.layers_fraction_from)
+        engine, eos = TeacherForcedEngine(model), end_of_turn_ids(tokenizer)
+        # Issue 16: finished chunks survive a crash and a rerun scores only what is missing.
+        run = score_partition(context, requests,
+                              lambda reqs, _, engine=engine, tokenizer=tokenizer, config=config, eos=eos:
+                              score_requests(engine, tokenizer, reqs, config, eos_ids=eos),
+                              protocol.cache_dir, family_key, feature_name, reader,
+                              checkpoint=spec.checkpoint, config=vars(config), eos=sorted(eos),
+                              settings=settings.sha256, bank=bank.sha256)
+        long, readouts, features = run.long, run.readouts, run.features
+        resumed[reader] = run.progress.metadata()
+        part = assemble(rows, long, readouts)
+        part["feature_row"] = np.where(part["feature_row"] >= 0, part["feature_row"] + offset, -1)
+        offset += len(features)
+        all_features.append(features)
+        part["checkpoint"] = spec.checkpoint
+        parts.append(part)
+    result = pd.concat(parts, ignore_index=True)
+    features = (np.concatenate([f for f in all_features if len(f)]) if any(len(f) for f in all_features)
+                else np.zeros((0, 0), np.float32))
+    feature_path = Path(protocol.cache_dir).parent / "features" / family_key / f"{feature_name}.npy"
+    digest = write_features(feature_path, features)
+    result["features_file"] = str(feature_path)
+    result["features_sha256"] = digest
+    result["settings_sha256"] = settings.sha256
+    result["bank_sha256"] = bank.sha256
+    summary = result.groupby("block")[["delta", "delta_recall"]].mean().round(4)
+    return result, {
+        "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
+        "generation truncated": int(result["generation_truncated"].sum()),
+        "non-finite log-probabilities (flagged, kept out of the models)": int(result["nonfinite_logprob"].sum()),
+        "answer cannot fit after the document (recorded, not excluded)": int(result["answer_exceeds_context"].sum()),
+        "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
+        "blocks scored": ", ".join(sorted(result["block"].unique())),
+        "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
+        "resumed scoring (per reader)": dg.MetadataValue.json(resumed),
+    }
+
+
+def answer(language_model, spec, questions: pd.DataFrame, answers: list[str]) -> list[list[float]]:
+    """Log-probabilities of each answer after each question, one prefill per shared prefix."""
+    model, tokenizer = language_model.load(spec)
+    engine = TeacherForcedEngine(model)
+    out: list[list[float] | None] = [None] * len(questions)
+    for prefix, part in questions.reset_index(drop=True).groupby("prefix", sort=False):
+        for i, lps in zip(part.index, choice_logprobs(engine, tokenizer, prefix, list(part["body"]), answers)):
+            out[i] = lps
+    return out  # type: ignore[return-value]
+
+
+def tested_builder(protocol, language_model, family_key: str, names: list[str]):
+    """(tested model spec, document builder on its tokenizer) for the pilot's questions."""
+    settings, bank = protocol.settings(), protocol.bank()
+    spec = registry(settings, family_key)["tested"]
+    _, tokenizer = language_model.load(spec)
+    return spec, DocumentBuilder(settings, bank, family_key, names, {"tested": tokenizer})
+
+
+def candidates(settings, bank, family_key: str) -> list[str]:
+    """Frames the pilot gates examine (design frames and, where registered, the reserves)."""
+    return candidate_frames(settings, bank, settings.family(family_key))
+
+
+def fitter(settings) -> Fitter:
+    """The registered model under the registered priors and sampler (6.1), its frame effects
+    sampled as the registered rule picks per fit (D3b; ``analysis.parametrisation``)."""
+    s = settings.sampler
+    return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains,
+                  rule=settings.fitting.frame_parametrisation)
+
+
+def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
+    """An empty slice with its reason where a partition has nothing to build: a depth the
+    family's registered design lacks (D1) or, given ``band``, a depth outside the band (issue
+    15: a family's backfill over the depth rectangle ends green and the UI says why); None
+    where the partition is part of the design."""
+    reason = not_applicable(settings, family_key, depth, band)
+    if reason is None:
+        return None
+    context.log.info(f"{depth}|{family_key}: {reason}")
+    return dg.Output(pd.DataFrame(), metadata={"not applicable": reason})
+
+
+def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,
+                       depth: str, blocks: list[str], replacements: dict[str, str]) -> dg.Output:
+    """Render one family x depth of the masked trial table for ``blocks`` (4.4, D2), with the
+    frame replacements a registered record makes (4.3); metadata a reader checks it by."""
+    settings, bank = protocol.settings(), protocol.bank()
+    stored = set(frame_bank["bank_sha256"])
+    if stored != {bank.sha256}:
+        raise DesignError(f"frame_bank in DuckDB has bank hash {sorted(stored)} but the bank on disk is "
+                          f"{bank.sha256}: re-materialise frame_bank first")
+    family = settings.family(family_key)
+    index = family.depth_index(depth)
+    started = time.perf_counter()
+    tokenizers = family_tokenizers(settings, family, protocol.cache_dir)
+    names = selected_names(name_gate)
+    gate_passed = bool(name_gate["gate_passed"].iloc[0])
+    if not gate_passed and settings.mode == "confirmatory":
+        # A check blocks only inside its own run; the gate's stored verdict blocks every later one.
+        raise dg.Failure(description=f"the name gate failed for {family_key} and the settings are in confirmatory "
+                                     "mode: nothing downstream is built. See the name_gate asset's check for which "
+                                     "tokenizer splits which name.")
+    selection = registered_selection(settings, bank, family, replacements)
+    table, _ = build_trial_table(settings, bank, family_key, index, tokenizers, names, selection, blocks=blocks)
+    table["name_gate_passed"] = gate_passed
+    elapsed = time.perf_counter() - started
+    context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {elapsed:.1f} s "
+                     f"({len(table) / max(elapsed, 1e-9):.0f} trials/s)")
+    by_block = table.groupby("block", sort=False).size().reset_index(name="trials")
+    sample = table[table["block"].isin(["pilot_primary", "primary"])].head(1)
+    sample_doc = (DocumentBuilder(settings, bank, family_key, names, tokenizers).document_text(sample.iloc[0].to_dict())
+                  if len(sample) else "")
+    reduced = family.reduced_design
+    return dg.Output(table, metadata={
+        "trials": len(table), "depth tokens": family.tokens_at(index),
+        "distinct distractors": int(table["distractor_sha256"].nunique()) if len(table) else 0,
+        "max document tokens": int(table["n_tokens"].max()) if len(table) else 0,
+        "design": "reduced (demonstration): " + reduced.reason if reduced else "registered full design",
+        "names": ", ".join(names) + ("" if gate_passed else " (NAME GATE FAILED: registered-order stand-ins)"),
+        "frame replacements (registered record)": json.dumps(replacements) if replacements else "none",
+        "trials by block": dg.MetadataValue.md(by_block.to_markdown(index=False)),
+        "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{sample_doc}\n```"),
+    })
+
+
+def readable(x) -> str:
+    """A number as a reader wants it: up to 3 decimals, or 2 significant digits in exponent
+    form when it is huge or tiny (an R-hat of 14,462,920 reads 1.4e7); '' when missing."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        return str(x)
+    x = float(x) if isinstance(x, (np.floating, float)) else int(x)
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        mantissa, exponent = f"{x:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{x:.3f}".rstrip("0").rstrip(".") if isinstance(x, float) else str(x)
+
+
+def readable_markdown(table: pd.DataFrame) -> str:
+    """A metadata table with every number :func:`readable`."""
+    return table.apply(lambda col: col.map(readable)).to_markdown(index=False, disable_numparse=True)

@@ -1,0 +1,88 @@
+"""The one entry point: a single Definitions object for the "Two Facts, One Gate" location.
+
+Asset groups are the protocol's stages, in its order (Appendix C): each stage's assets are
+loaded from its module or package under ``fear_assets/defs/assets`` with the stage as group name.
+Jobs are defined by group selection, one per stage and partitioning (Dagster runs one
+partitioning per run); ``fear_assets.defs.main`` runs them in stage order.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dagster as dg
+
+# Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+
+from fear_assets.defs.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
+from fear_assets.defs.resources import ProtocolResource, store_io_manager
+from fear_assets.defs.resources.models import LanguageModelResource
+
+#: The protocol's stages in order, each with the module or package holding its assets.
+STAGES = (("stimuli", stimuli), ("pilot", pilot), ("registration", registration), ("collection", collection),
+          ("probes", probes), ("analysis", analysis), ("reading", (reading, report)))
+STAGE_NAMES = tuple(name for name, _ in STAGES)
+
+
+
+def _assets(module, stage: str) -> list:
+    if isinstance(module, tuple):  # a stage held in several modules (reading: the reading and its report)
+        return [a for m in module for a in _assets(m, stage)]
+    if hasattr(module, "__path__"):  # a stage package: every module in it
+        return list(dg.load_assets_from_package_module(module, group_name=stage))
+    return list(dg.load_assets_from_modules([module], group_name=stage))
+
+
+def _checks(module) -> list:
+    if isinstance(module, tuple):
+        return [c for m in module for c in _checks(m)]
+    if hasattr(module, "__path__"):
+        return list(dg.load_asset_checks_from_package_module(module))
+    return list(dg.load_asset_checks_from_modules([module]))
+
+
+all_assets = [a for stage, module in STAGES for a in _assets(module, stage)]
+all_checks = [c for _, module in STAGES for c in _checks(module)]
+
+
+def partitioning_of(asset) -> str:
+    pd_ = asset.partitions_def
+    if pd_ is None:
+        return "unpartitioned"
+    if isinstance(pd_, dg.MultiPartitionsDefinition):
+        return "by_" + "_".join(sorted(d.name for d in pd_.partitions_defs if d.name != "family"))
+    return "by_family"
+
+
+def stage_jobs() -> list:
+    """One job per stage and partitioning, selected by group (and partitions definition)."""
+    jobs = []
+    for stage in STAGE_NAMES:
+        by: dict[str, list] = {}
+        for a in all_assets:
+            if a.group_names_by_key.get(next(iter(a.keys))) == stage:
+                by.setdefault(partitioning_of(a), []).extend(a.keys)
+        for partitioning, keys in sorted(by.items()):
+            jobs.append(dg.define_asset_job(
+                f"{stage}_{partitioning}_job", selection=dg.AssetSelection.groups(stage) & dg.AssetSelection.assets(*keys),
+                description=f"Stage {stage} ({partitioning.replace('_', ' ')}): the protocol's {stage} assets and "
+                            "their checks."))
+    return jobs
+
+
+def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
+    cache = {"cache_dir": protocol_paths["cache_dir"]} if "cache_dir" in protocol_paths else {}
+    # The IO manager is the only switch between stores: $FEAR_ASSETS_STORE (default: the DuckDB file).
+    return {"io_manager": store_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths),
+            "language_model": LanguageModelResource(**cache)}
+
+
+def build_definitions(duckdb_path: str | None = None, **protocol_paths: str) -> dg.Definitions:
+    """The Definitions with resources bound to a store (the main job passes its own)."""
+    return dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=stage_jobs(),
+                          resources=resources(duckdb_path, **protocol_paths))
+
+
+jobs = stage_jobs()
+defs = build_definitions()

@@ -1,0 +1,187 @@
+"""The main job on the embedded family: ``python -m fear_assets.defs.main [duckdb path]``.
+
+Runs the stage jobs (``definitions.stage_jobs``: one per stage and partitioning, selected by
+asset group) in the protocol's stage order through the project's Dagster instance, so the
+runs, partitions and checks show in the UI. The order of steps inside a stage is read from
+the asset graph (a step waits for its inputs of another partitioning), not kept here. The
+summary is printed from the assets' materialisation metadata; library warnings go to the
+run log beside the store, not to the console.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Library warnings (PyTensor's BLAS notice when it is imported below, ArviZ's RuntimeWarnings
+#: on degenerate draws) go to the run log, not through the console summary: captured before
+#: the imports when run as the main job, held here until ``run`` knows where the log goes.
+WARNINGS = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+if __name__ == "__main__":
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").addHandler(WARNINGS)
+    logging.getLogger("py.warnings").propagate = False
+    warnings.simplefilter("default")
+
+import dagster as dg  # noqa: E402 (after the warning capture above)
+
+from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
+from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
+from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
+from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
+from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
+
+#: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
+#: everything is still in the instance's event log and the UI.
+QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    partitioning: str
+    keys: tuple  # asset keys run together, per partition key
+
+
+#: Steps of one level run in this order (a family's registered depths after the family step).
+PARTITIONINGS = ("unpartitioned", "by_family", "by_depth", "by_batch")
+#: What the main job is for: the reading and the cross-family statement (assets no reading
+#: depends on, such as the name-amendment proposals, are materialised on request only).
+TARGETS = ("trial_accounting", "section8_reading", "cross_family_statement", "stage2_report", "data_record",
+           "stage2_report_all")
+
+
+def plan(defs, stages) -> list[Step]:
+    """Steps in stage order; inside a stage, an asset joins the step of its inputs of the same
+    partitioning and waits one step for an input of another partitioning."""
+    graph = defs.resolve_asset_graph()
+    part = {k: partitioning_of(a) for a in defs.assets for k in a.keys}
+    needed = set(dg.AssetSelection.assets(*TARGETS).upstream().resolve(graph))
+    steps: list[Step] = []
+    for stage in stages:
+        level: dict = {}
+        for k in graph.toposorted_asset_keys:
+            if graph.get(k).group_name != stage or k not in needed:
+                continue
+            level[k] = max([level[p] + (part[p] != part[k]) for p in graph.get(k).parent_keys if p in level],
+                           default=0)
+        for lv, partitioning in sorted({(v, part[k]) for k, v in level.items()},
+                                       key=lambda x: (x[0], PARTITIONINGS.index(x[1]))):
+            steps.append(Step(stage, partitioning,
+                              tuple(k for k, v in level.items() if v == lv and part[k] == partitioning)))
+    return steps
+
+
+def _metadata(instance, key: str, partition: str | None = None) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(key)) if partition is None else next(
+        iter(instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(key),
+                                                                   asset_partitions=[partition]), limit=1).records), None)
+    materialization = (event.asset_materialization if partition is None else
+                       event.event_log_entry.asset_materialization) if event else None
+    return {k: v.value for k, v in materialization.metadata.items()} if materialization else {}
+
+
+def run(duckdb_path: str | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as steps finish
+    os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
+    os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
+    db = duckdb_path or default_duckdb_path()
+    log_path = Path(db).with_suffix(".main.log")
+    handler = logging.FileHandler(log_path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    WARNINGS.setTarget(handler)
+    WARNINGS.flush()
+    WARNINGS.flushLevel = logging.WARNING  # from now on every warning is written as it comes
+    defs = build_definitions(db)
+    instance = dg.DagsterInstance.get()
+    settings = ProtocolResource().settings()
+    family = next(k for k, f in settings.families.items() if f.role == "embedded")
+    spec = settings.family(family)
+    partition_keys = {"unpartitioned": [None], "by_family": [family],
+                      "by_depth": registered_partition_keys(settings, family),
+                      "by_batch": power_partition_keys(settings, family)}
+    started = time.perf_counter()
+    print(f"fear_assets main job: family {family} ({spec.tested})")
+    if spec.reduced_design:
+        rd = spec.reduced_design
+        print(f"  REDUCED DESIGN: {rd.reason}")
+        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; pilot frames "
+              f"{', '.join(rd.pilot_frames)}; {rd.confirmatory_frames_per_fear} confirmatory frame(s) per fear; "
+              f"scored blocks {', '.join(rd.scored_blocks)}")
+        print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "
+              "analysis reads the pilot's scores (descriptive) and costs no second round of scoring.")
+    print(f"  stages: {' -> '.join(STAGE_NAMES)}; library warnings: {log_path}")
+    for step in plan(defs, STAGE_NAMES):
+        job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
+        names = ", ".join(k.to_user_string() for k in step.keys)
+        for key in partition_keys[step.partitioning]:
+            t = time.perf_counter()
+            result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
+                                            raise_on_error=False, run_config=QUIET)
+            failures = [e for e in result.all_events if e.is_step_failure]
+            if failures:  # a real failure, not a failed gate (which only skips what it blocks)
+                raise SystemExit(f"step failed in {names} {key}: {failures[0].event_specific_data.error.message}")
+            failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
+            print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
+                  + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
+            for e in failed:
+                print(f"    {e.check_name}: {e.description}")
+            if any(e.check_name == "bank_freeze" for e in failed):
+                print("The freeze gate failed: nothing downstream runs. See the check's message above.")
+                return 2
+            if settings.mode == "confirmatory" and any(e.severity == dg.AssetCheckSeverity.ERROR for e in failed):
+                print(f"Confirmatory mode: a registration gate failed in {names}; nothing downstream runs.")
+                return 2
+    return summary(instance, settings, family, db, log_path, time.perf_counter() - started)
+
+
+def _table(markdown: str) -> str:
+    return "\n".join("    " + line for line in str(markdown).splitlines())
+
+
+def summary(instance, settings, family: str, db: str, log_path: Path, elapsed: float) -> int:
+    """The console summary, from the assets' materialisation metadata."""
+    accounting = _metadata(instance, "trial_accounting", family)
+    record = _metadata(instance, "registration_record", family)
+    h4 = _metadata(instance, "h4_posterior", family)
+    estimands = _metadata(instance, "posteriors", family)
+    reading = _metadata(instance, "section8_reading", family)
+    power = _metadata(instance, "power_summary", family)
+    ok = int(accounting.get("blocks off formula", 1)) == 0
+    print(f"\nDone in {elapsed:.0f} s: {accounting.get('trials')} trials ({accounting.get('pilot trials')} pilot, "
+          f"{accounting.get('confirmatory trials')} confirmatory) for {family}; "
+          f"accounting {'closed' if ok else 'NOT closed'}.")
+    print(f"Registration record ({record.get('status')}): {record.get('record')}")
+    print(_table(record.get("gates", "")))
+    print("H4 (carriage, probe log-odds, 99% HDI):")
+    print(_table(h4.get("H4", "")))
+    print(f"Estimands, gates and controls (99% HDI; frame set: {estimands.get('frame set')}):")
+    print(_table(estimands.get("estimands", "")))
+    print(f"\nSECTION 8 READING for {family}: {reading.get('reading')}")
+    print(f"  labels: {reading.get('labels')}")
+    print(f"  qualifiers: {reading.get('qualifiers')}")
+    print(f"  flags: {reading.get('flags')}")
+    if power:
+        print(f"POWER GATE (6.3) for {family}: status {power.get('status')}; frames {power.get('frames')}; "
+              f"demo (not registered): {power.get('demo (not registered)')}; "
+              f"estimation-only {power.get('estimation-only')}")
+    report = _metadata(instance, "stage2_report", family)
+    if report:
+        print(f"Stage 2 report (Appendix C step 7): {report.get('report')} ({report.get('deviations')} deviations)")
+    print(f"DuckDB file: {db}; library warnings: {log_path}")
+    print(f"  inspect:  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{db}', read_only=True)"
+          ".sql('select block, count(*) from two_facts_one_gate.pilot_trial_table group by 1'))\"")
+    print("Dagster UI (asset graph by stage, partitions, checks, run history):")
+    print(f"  cd {PROJECT_ROOT} && bash scripts/fear ui   # then open http://127.0.0.1:3000")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else None))

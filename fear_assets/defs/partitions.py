@@ -1,0 +1,83 @@
+"""What Dagster fixes when the definitions load: partitions and the checks' blocking flag.
+
+Depth keys are indices (d1..dN, D1; ``settings.depth_key``); a family whose registered
+design has fewer depths (the embedded family's reduced design) does not materialise the
+indices it lacks. Multi-partition keys read "<depth>|<family>" (dimension names sorted).
+
+Dagster needs the partition keys and each check's ``blocking`` flag before any run, so the
+registered settings file is read once here for exactly these facts (:class:`Layout`); every
+registered number a step uses comes from the ``protocol`` resource at run time.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import dagster as dg
+
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+
+from fear_assets.core.settings import ProtocolSettings, depth_key, load_settings
+from fear_assets.simulation.batches import all_batch_keys, batch_keys_of
+
+FAMILY = "family"
+DEPTH = "depth"
+BATCH = "batch"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The definition-time facts of the registered settings."""
+
+    families: tuple[str, ...]
+    max_depths: int
+    batch_keys: tuple[str, ...]
+    #: Confirmatory mode: every registration gate is a blocking check (``modes``).
+    gates_block: bool
+
+    @classmethod
+    def of(cls, settings: ProtocolSettings) -> "Layout":
+        return cls(tuple(settings.families), max(len(f.depth_tokens) for f in settings.families.values()),
+                   tuple(all_batch_keys(settings)), settings.mode == "confirmatory")
+
+
+def build_partitions(layout: Layout) -> tuple[dg.MultiPartitionsDefinition, dg.StaticPartitionsDefinition]:
+    family_depth = dg.MultiPartitionsDefinition({
+        FAMILY: dg.StaticPartitionsDefinition(list(layout.families)),
+        DEPTH: dg.StaticPartitionsDefinition([depth_key(i) for i in range(1, layout.max_depths + 1)]),
+    })
+    return family_depth, dg.StaticPartitionsDefinition(list(layout.families))
+
+
+LAYOUT = Layout.of(load_settings())
+family_depth_partitions, family_partitions = build_partitions(LAYOUT)
+#: family x simulation batch (``power_simulation``, 6.3).
+power_partitions = dg.MultiPartitionsDefinition({
+    FAMILY: dg.StaticPartitionsDefinition(list(LAYOUT.families)),
+    BATCH: dg.StaticPartitionsDefinition(list(LAYOUT.batch_keys)),
+})
+#: DuckDB columns that hold each partition dimension (the IO manager replaces exactly these rows).
+FAMILY_DEPTH_EXPR = {"partition_expr": {FAMILY: "family", DEPTH: "depth"}}
+FAMILY_EXPR = {"partition_expr": "family"}
+#: Per-family input of a family x depth asset: all of that family's depths.
+all_depths_of_family = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=FAMILY)
+#: Family x depth input of a per-family asset: the partition's family.
+family_of_partition = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=FAMILY)
+#: Family x batch input of a per-family asset.
+family_of_batch = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=FAMILY)
+
+
+def partition_parts(context) -> tuple[str, str]:
+    keys = context.partition_key.keys_by_dimension
+    return keys[FAMILY], keys[DEPTH]
+
+
+def registered_partition_keys(settings: ProtocolSettings, family_key: str) -> list[str]:
+    """The multi-partition keys a family's registered design materialises."""
+    return [dg.MultiPartitionKey({FAMILY: family_key, DEPTH: d}) for d in settings.family(family_key).depth_keys]
+
+
+def power_partition_keys(settings: ProtocolSettings, family_key: str) -> list:
+    """The multi-partition keys of a family's simulation batches."""
+    return [dg.MultiPartitionKey({FAMILY: family_key, BATCH: k}) for k in batch_keys_of(settings, family_key)]

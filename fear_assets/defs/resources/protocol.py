@@ -1,0 +1,44 @@
+"""The registered inputs (settings, bank, registration record, caches) as one resource."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import dagster as dg
+
+from fear_assets.core.settings import (DEFAULT_BANK_DIR, DEFAULT_CACHE_DIR, DEFAULT_REGISTRATION_DIR,
+                                  DEFAULT_SETTINGS_PATH, ProtocolSettings, load_settings)
+from fear_assets.stimuli.bank import Bank, load_bank
+
+
+@lru_cache(maxsize=8)
+def _settings(path: str, mtime: float) -> ProtocolSettings:
+    return load_settings(path)
+
+
+@lru_cache(maxsize=8)
+def _bank(root: str, settings_path: str, stamp: tuple) -> Bank:
+    return load_bank(root, load_settings(settings_path))
+
+
+def _stamp(root: Path) -> tuple:
+    """Modification times of every bank file: the cache reloads when any file changes."""
+    return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.yaml")))
+
+
+class ProtocolResource(dg.ConfigurableResource):
+    """Where the registered settings, the bank and the registration record live."""
+
+    settings_path: str = str(DEFAULT_SETTINGS_PATH)
+    bank_dir: str = str(DEFAULT_BANK_DIR)
+    registration_dir: str = str(DEFAULT_REGISTRATION_DIR)
+    cache_dir: str = str(DEFAULT_CACHE_DIR)
+
+    def settings(self) -> ProtocolSettings:
+        path = Path(self.settings_path)
+        return _settings(str(path), path.stat().st_mtime if path.exists() else 0.0)
+
+    def bank(self) -> Bank:
+        root = Path(self.bank_dir)
+        return _bank(str(root), self.settings_path, _stamp(root))
