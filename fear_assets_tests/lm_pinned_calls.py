@@ -1,7 +1,9 @@
 """The calls the pinned-digest test makes, in the API of the code under test."""
 
-from fear_assets.lm.choices import choice_logprobs
-from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.design.document_scores import ScoringSettings, score_requests
+from fear_assets.design.requests import build_requests
+from fear_assets.lm.choices import choice_batch
+from fear_assets.lm.runner import run
 
 
 def document_scores(engine, tokenizer, rows, bank, builder):
@@ -11,4 +13,5 @@ def document_scores(engine, tokenizer, rows, bank, builder):
 
 
 def choices(engine, tokenizer, prefix, bodies, answers):
-    return choice_logprobs(engine, tokenizer, prefix, bodies, answers)
+    (responses,) = run(engine, [choice_batch(tokenizer, prefix, bodies, answers)])
+    return [list(r.logprobs) for r in responses]
