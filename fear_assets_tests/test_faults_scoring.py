@@ -30,7 +30,8 @@ from fear_assets.design.table import build_trial_table
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.resumable import (ChunkError, Progress, plan_chunks, read_chunk, score_resumably,
                                       scoring_salt)
-from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.design.document_scores import ScoringSettings, score_requests
+from fear_assets.design.requests import build_requests
 from fear_assets.defs.resources.store import SCHEMA
 
 from fear_assets_tests import fault_scoring
