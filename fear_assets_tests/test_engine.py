@@ -252,3 +252,29 @@ def test_prefix_reuse_across_documents_equals_a_fresh_prefill(name):
     # not recomputed; the unrelated prefix and the one after it share nothing with their last.
     # With sliding-window layers only the equal prefix's cache is taken as it is.
     assert fresh.reused_tokens == 0 and reusing.reused_tokens == (30 + 39 + 19 if full_attention else 39)
+
+
+def test_run_executes_batches_in_order_and_decodes_answers_across_batches():
+    """The one entry point: batches from a generator, ``after`` right after each batch (before
+    its answers are decoded), answers decoded across batches equal to each batch alone."""
+    model = _tiny("llama-gqa")
+    prefixes = [_random_ids(20, 61), _random_ids(25, 62), _random_ids(18, 63)]
+    lists = [[Request.loglikelihood(_random_ids(3, 70 + k), _random_ids(4, 80 + k)),
+              Request.generate(_random_ids(3, 70 + k), 4)] for k in range(3)]
+    built, seen = [], []
+
+    def batches():
+        for k, (prefix, requests) in enumerate(zip(prefixes, lists)):
+            built.append(k)
+            yield prefix, requests
+
+    def after(i, responses):
+        seen.append((i, list(built), responses[1].generated_ids))
+
+    together = run(TeacherForcedEngine(model, generation_batch=2), batches(), after=after)
+    # Batch i ran before batch i+1 was built; no answer was decoded yet when ``after`` saw it.
+    assert seen == [(0, [0], ()), (1, [0, 1], ()), (2, [0, 1, 2], ())]
+    for prefix, requests, got in zip(prefixes, lists, together):
+        alone = _execute(TeacherForcedEngine(model), prefix, requests)
+        assert got[0].score.token_logprobs == pytest.approx(alone[0].score.token_logprobs, abs=1e-5)
+        assert got[1].generated_ids == alone[1].generated_ids and len(got[1].generated_ids) == 4
