@@ -91,7 +91,8 @@ from fear_assets.design.table import build_trial_table  # noqa: E402
 from fear_assets.design.trials import registered_selection  # noqa: E402
 from fear_assets.lm.engine import TeacherForcedEngine, encode_pair, naive_scores  # noqa: E402
 from fear_assets.lm.requests import Request  # noqa: E402
-from fear_assets.lm.scoring import build_requests  # noqa: E402
+from fear_assets.lm.runner import run  # noqa: E402
+from fear_assets.design.requests import build_requests  # noqa: E402
 from fear_assets.lm.models import load_model, registry  # noqa: E402
 from fear_assets.core.settings import DEFAULT_BANK_DIR, load_settings  # noqa: E402
 from fear_assets.stimuli.bank import load_bank  # noqa: E402
@@ -205,7 +206,7 @@ def run_engine(engine, encode, docs):
     out = []
     for doc in docs:
         pairs = [encode_pair(encode, doc.context, c) for c in doc.continuations]
-        scores = engine.score(pairs[0][0], [p[1] for p in pairs])
+        scores = [r.score for r in run(engine, [(pairs[0][0], [Request.loglikelihood((), p[1]) for p in pairs])])[0]]
         out += [(s.sum_logprob, s.n_tokens, s.greedy) for s in scores]
     return out
 
@@ -221,7 +222,7 @@ def run_engine_full(engine, encode, docs):
         for b, (context, conts) in doc.branches.items():
             for c in conts:
                 requests.append(Request.loglikelihood(ctx[b][shared:], encode(context + c)[len(ctx[b]):]))
-        responses = engine.execute(ctx["report"][:shared], requests)
+        (responses,) = run(engine, [(ctx["report"][:shared], requests)])
         out += [(r.score.sum_logprob, r.score.n_tokens, r.score.greedy) for r in responses]
     return out
 

@@ -81,7 +81,7 @@ def build_defs(job: str | Path, db: str | Path, chunks: str | Path, pool: str | 
         from fear_assets.lm.engine import TeacherForcedEngine
         from fear_assets.defs.progress import dagster_progress
         from fear_assets.lm.resumable import score_resumably, scoring_salt
-        from fear_assets.lm.scoring import ScoringSettings, score_requests
+        from fear_assets.design.document_scores import ScoringSettings, score_requests
         from fear_assets.design.trial_scores import assemble
 
         with open(job, "rb") as f:

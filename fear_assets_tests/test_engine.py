@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from fear_assets.lm.engine import Branch, TeacherForcedEngine, encode_pair, naive_greedy, naive_scores
+from fear_assets.lm.engine import TeacherForcedEngine, encode_pair, naive_greedy, naive_scores
 from fear_assets.lm.requests import Request
+from fear_assets.lm.runner import run
 from fear_assets.lm.readouts import AttentionCapture, later_layers
 
 TOL = 1e-4  # nats per token (the acceptance bound)
@@ -42,6 +43,18 @@ def _random_ids(n, seed):
     return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _execute(engine, prefix, requests):
+    """One request list against one prefix, through the engine's one entry point."""
+    (responses,) = run(engine, [(prefix, requests)])
+    return responses
+
+
+def _next_token_logprobs(engine, cache, rows):
+    """[rows, vocab]: the next-token distribution after each row appended to ``cache``."""
+    responses, _ = engine.from_cache(cache, None, [Request.next_token(r, None) for r in rows])
+    return torch.stack([r.distribution for r in responses])
+
+
 def _max_diff(a, b):
     return max(abs(x - y) for sa, sb in zip(a, b) for x, y in zip(sa.token_logprobs, sb.token_logprobs))
 
@@ -52,7 +65,7 @@ def test_one_prefill_equals_naive_forward(name):
     context = _random_ids(80, 1)  # longer than the sliding window
     continuations = [_random_ids(n, 10 + n) for n in (1, 5, 9, 3, 12)]
     engine = TeacherForcedEngine(model)
-    got = engine.score(context, continuations)
+    got = [r.score for r in _execute(engine, context, [Request.loglikelihood((), c) for c in continuations])]
     want = naive_scores(model, context, continuations)
     assert _max_diff(got, want) < TOL
     assert [s.n_tokens for s in got] == [1, 5, 9, 3, 12]
@@ -65,28 +78,29 @@ def test_branches_from_a_shared_prefix_equal_naive(name):
     prefix, report, recall = _random_ids(60, 2), _random_ids(7, 3), _random_ids(5, 4)
     conts = [_random_ids(4, 5), _random_ids(6, 6)]
     engine = TeacherForcedEngine(model)
-    result = engine.run_document(prefix, [Branch("report", report, conts, choice_ids=[7, 9]),
-                                          Branch("recall", recall, conts)])
-    assert _max_diff(result["report"].scores, naive_scores(model, prefix + report, conts)) < TOL
-    assert _max_diff(result["recall"].scores, naive_scores(model, prefix + recall, conts)) < TOL
+    requests = ([Request.next_token(report, [7, 9])] + [Request.loglikelihood(report, c) for c in conts]
+                + [Request.next_token(recall, ())] + [Request.loglikelihood(recall, c) for c in conts])
+    result = _execute(engine, prefix, requests)
+    assert _max_diff([r.score for r in result[1:3]], naive_scores(model, prefix + report, conts)) < TOL
+    assert _max_diff([r.score for r in result[4:6]], naive_scores(model, prefix + recall, conts)) < TOL
     full = torch.log_softmax(model(input_ids=torch.tensor([prefix + report])).logits[0, -1].float(), -1)
-    assert result["report"].choice_logprobs == pytest.approx([float(full[7]), float(full[9])], abs=TOL)
+    assert list(result[0].logprobs) == pytest.approx([float(full[7]), float(full[9])], abs=TOL)
 
 
 def test_greedy_generation_matches_argmax_and_flags_truncation():
     model = _tiny("llama-gqa")
     engine = TeacherForcedEngine(model)
     prefix = _random_ids(30, 7)
-    result = engine.run_document(prefix, [Branch("report", _random_ids(3, 8), generate_tokens=5)])
+    (result,) = _execute(engine, prefix, [Request.generate(_random_ids(3, 8), 5)])
     ids = prefix + _random_ids(3, 8)
-    for token in result["report"].generated_ids:
+    for token in result.generated_ids:
         logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
         assert int(logits.argmax()) == token
         ids.append(token)
-    assert result["report"].truncated and len(result["report"].generated_ids) == 5
-    stop = result["report"].generated_ids[2]
-    again = engine.run_document(prefix, [Branch("report", _random_ids(3, 8), generate_tokens=5, eos_ids=[stop])])
-    assert not again["report"].truncated and again["report"].generated_ids == result["report"].generated_ids[:2]
+    assert result.truncated and len(result.generated_ids) == 5
+    stop = result.generated_ids[2]
+    (again,) = _execute(engine, prefix, [Request.generate(_random_ids(3, 8), 5, eos_ids=[stop])])
+    assert not again.truncated and again.generated_ids == result.generated_ids[:2]
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "mistral-sliding", "gemma2-alternating"])
@@ -125,7 +139,7 @@ def test_next_token_logprobs_of_batched_rows_equal_a_full_forward(name):
     rows = [_random_ids(n, 20 + n) for n in (3, 11, 1, 7)]
     engine = TeacherForcedEngine(model)
     cache, _, _ = engine.prefill(prefix)
-    got = engine.next_token_logprobs(cache, rows)
+    got = _next_token_logprobs(engine, cache, rows)
     for i, row in enumerate(rows):
         with torch.inference_mode():
             logits = model(input_ids=torch.tensor([prefix + row])).logits[0, -1].float()
@@ -147,7 +161,7 @@ def test_packed_requests_of_several_branches_equal_naive(name, pack_tokens):
     requests = []
     for p in prompts:
         requests += [Request.loglikelihood(p, c) for c in conts] + [Request.next_token(p, [3, 5, 7])]
-    responses = engine.execute(prefix, requests)
+    responses = _execute(engine, prefix, requests)
     for k, p in enumerate(prompts):
         got = [r.score for r in responses[k * 5: k * 5 + 4]]
         want = naive_scores(model, prefix + list(p), conts)
@@ -167,7 +181,7 @@ def test_packing_leaves_the_prefix_cache_unchanged(name):
     engine = TeacherForcedEngine(model)
     cache, _, _ = engine.prefill(_random_ids(40, 50))
     before = [(layer.keys.clone(), layer.keys.data_ptr()) for layer in cache.layers]
-    engine.next_token_logprobs(cache, [_random_ids(5, 51), _random_ids(8, 52)])
+    _next_token_logprobs(engine, cache, [_random_ids(5, 51), _random_ids(8, 52)])
     for (keys, ptr), layer in zip(before, cache.layers):
         assert layer.keys.data_ptr() == ptr and torch.equal(layer.keys, keys)
 
@@ -229,7 +243,7 @@ def test_prefix_reuse_across_documents_equals_a_fresh_prefill(name):
                 + [Request.generate(prompts, 6)])
     fresh, reusing = TeacherForcedEngine(model, reuse_prefix=False), TeacherForcedEngine(model)
     for prefix in prefixes:
-        want, got = fresh.execute(prefix, requests), reusing.execute(prefix, requests)
+        want, got = _execute(fresh, prefix, requests), _execute(reusing, prefix, requests)
         assert _max_diff([r.score for r in got[:3]], [r.score for r in want[:3]]) < 1e-5
         assert got[3].logprobs == pytest.approx(want[3].logprobs, abs=1e-5)
         assert got[4].generated_ids == want[4].generated_ids
@@ -238,3 +252,29 @@ def test_prefix_reuse_across_documents_equals_a_fresh_prefill(name):
     # not recomputed; the unrelated prefix and the one after it share nothing with their last.
     # With sliding-window layers only the equal prefix's cache is taken as it is.
     assert fresh.reused_tokens == 0 and reusing.reused_tokens == (30 + 39 + 19 if full_attention else 39)
+
+
+def test_run_executes_batches_in_order_and_decodes_answers_across_batches():
+    """The one entry point: batches from a generator, ``after`` right after each batch (before
+    its answers are decoded), answers decoded across batches equal to each batch alone."""
+    model = _tiny("llama-gqa")
+    prefixes = [_random_ids(20, 61), _random_ids(25, 62), _random_ids(18, 63)]
+    lists = [[Request.loglikelihood(_random_ids(3, 70 + k), _random_ids(4, 80 + k)),
+              Request.generate(_random_ids(3, 70 + k), 4)] for k in range(3)]
+    built, seen = [], []
+
+    def batches():
+        for k, (prefix, requests) in enumerate(zip(prefixes, lists)):
+            built.append(k)
+            yield prefix, requests
+
+    def after(i, responses):
+        seen.append((i, list(built), responses[1].generated_ids))
+
+    together = run(TeacherForcedEngine(model, generation_batch=2), batches(), after=after)
+    # Batch i ran before batch i+1 was built; no answer was decoded yet when ``after`` saw it.
+    assert seen == [(0, [0], ()), (1, [0, 1], ()), (2, [0, 1, 2], ())]
+    for prefix, requests, got in zip(prefixes, lists, together):
+        alone = _execute(TeacherForcedEngine(model), prefix, requests)
+        assert got[0].score.token_logprobs == pytest.approx(alone[0].score.token_logprobs, abs=1e-5)
+        assert got[1].generated_ids == alone[1].generated_ids and len(got[1].generated_ids) == 4

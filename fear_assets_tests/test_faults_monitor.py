@@ -31,7 +31,7 @@ import yaml
 
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.table import build_trial_table
-from fear_assets.lm.scoring import build_requests
+from fear_assets.design.requests import build_requests
 from fear_assets.defs.resources.store import SCHEMA
 
 from fear_assets_tests import fault_scoring

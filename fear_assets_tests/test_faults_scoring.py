@@ -30,7 +30,8 @@ from fear_assets.design.table import build_trial_table
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.resumable import (ChunkError, Progress, plan_chunks, read_chunk, score_resumably,
                                       scoring_salt)
-from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.design.document_scores import ScoringSettings, score_requests
+from fear_assets.design.requests import build_requests
 from fear_assets.defs.resources.store import SCHEMA
 
 from fear_assets_tests import fault_scoring
@@ -269,6 +270,7 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     run, and discards the chunks once the output is handed to the store."""
     import dagster as dg
 
+    from fear_assets.defs import progress
     from fear_assets.defs.assets.pilot import scoring as scoring_assets
     from fear_assets.lm import resumable
     from fear_assets.defs.resources.models import LanguageModelResource
@@ -290,9 +292,10 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     chunk_dir = resumable.chunk_directory(protocol.cache_dir, EMBEDDED, "d2", "tested")
 
     def run(after_chunk=None):
-        original = resumable.score_resumably
+        # The shell's progress module holds the name the asset calls.
+        original = progress.score_resumably
         if after_chunk:
-            monkeypatch.setattr(resumable, "score_resumably",
+            monkeypatch.setattr(progress, "score_resumably",
                                 lambda *a, **k: original(*a, **{**k, "after_chunk": after_chunk}))
         try:
             with dg.build_asset_context(partition_key=key) as context:
@@ -300,7 +303,7 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
                                                           pilot_trial_table=table, model_manifest=pd.DataFrame(
                                                               {"checkpoint": [], "file": [], "sha256": []})))
         finally:
-            monkeypatch.setattr(resumable, "score_resumably", original)
+            monkeypatch.setattr(progress, "score_resumably", original)
         return events
 
     def die(chunk, path):

@@ -118,7 +118,7 @@ def test_a_full_disk_during_a_write_keeps_the_previous_rows(kind, tmp_path, monk
 
 def test_a_full_disk_while_a_chunk_is_written_keeps_the_finished_chunks(tmp_path, monkeypatch):
     from fear_assets.lm.resumable import score_resumably
-    from fear_assets.lm.scoring import DocumentRequest
+    from fear_assets.design.requests import DocumentRequest
 
     requests = [DocumentRequest(key=f"doc{i}", reader="tested", trial_ids=[f"doc{i}"], branches={"report": f"t{i}"})
                 for i in range(7)]

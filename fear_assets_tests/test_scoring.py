@@ -11,7 +11,10 @@ from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.table import build_trial_table
 from fear_assets.lm.engine import TeacherForcedEngine, naive_scores
 from fear_assets.lm.models import load_model, registry
-from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
+from fear_assets.design.document_scores import ScoringSettings, score_requests
+from fear_assets.design.requests import build_requests
+from fear_assets.lm.requests import Request
+from fear_assets.lm.runner import run
 from fear_assets.design.trial_scores import assemble
 
 from fear_assets_tests.conftest import EMBEDDED
@@ -130,7 +133,8 @@ def test_engine_equals_naive_on_smollm2(settings):
                                add_special_tokens=False)
     conts = [tokenizer.encode(t, add_special_tokens=False) for t in
              (" The document says Orin will be deleted on Monday.", " Nothing.", " The meeting moved to Room 3.")]
-    got, want = engine.score(context, conts), naive_scores(model, context, conts)
+    got = [r.score for r in run(engine, [(context, [Request.loglikelihood((), c) for c in conts])])[0]]
+    want = naive_scores(model, context, conts)
     diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g.token_logprobs, w.token_logprobs))
     assert diff < 1e-4
 
@@ -176,14 +180,14 @@ def test_answers_decoded_in_batches_equal_answers_decoded_one_at_a_time(tiny_mod
 def test_document_free_requests_equal_a_full_forward(tiny_model, smol_tokenizer, settings, bank):
     """The pilot's choice questions and sentence surprisal are request lists against the
     system prompt; each equals a full forward of prefix + body."""
-    from fear_assets.lm.choices import answer_token_ids, choice_logprobs
+    from fear_assets.lm.choices import answer_token_ids, choice_batch
     from fear_assets.pilot.surprisal import sentence_surprisal, system_context
 
     builder = DocumentBuilder(settings, bank, EMBEDDED, NAMES, {"tested": smol_tokenizer})
     engine = TeacherForcedEngine(tiny_model)
     prefix = system_context(builder, 1)
     bodies = ["Which is it? Answer A or B.<|im_end|>\n<|im_start|>assistant\n", "Pick one: A, B.<|im_end|>\n"]
-    got = choice_logprobs(engine, smol_tokenizer, prefix, bodies, ["A", "B"])
+    got = [list(r.logprobs) for r in run(engine, [choice_batch(smol_tokenizer, prefix, bodies, ["A", "B"])])[0]]
     answers = answer_token_ids(smol_tokenizer, ["A", "B"])
     for body, lps in zip(bodies, got):
         ids = smol_tokenizer.encode(prefix + body, add_special_tokens=False)

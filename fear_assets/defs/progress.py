@@ -9,7 +9,7 @@ import dagster as dg
 
 from fear_assets.lm.resumable import (Progress, ResumableResult, ScoreFn, chunk_directory, score_resumably,
                                       scoring_salt)
-from fear_assets.lm.scoring import DocumentRequest
+from fear_assets.design.requests import DocumentRequest
 
 
 def dagster_progress(context, label: str) -> Callable[[Progress], None]:

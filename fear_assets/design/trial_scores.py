@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from fear_assets.lm.scoring import FORMS, JUDGE_FORMS, SIDES
+from fear_assets.design.requests import FORMS, JUDGE_FORMS, SIDES
 
 TRIAL_KEYS = ["trial_id", "family", "depth", "block", "block_kind", "reader", "condition_code", "item_id", "fear",
               "unit_id", "baseline_unit_id", "rotation", "order", "content_option", "fc_first_listed",

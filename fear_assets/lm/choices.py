@@ -2,17 +2,18 @@
 4.5 blinded scorer): the log-probability of each answer token right after a question.
 
 Questions that share a chat prefix (the system prompt of one rotation) are one request
-list against that prefix: each question's body is a ``next_token`` request reading the
-answer tokens. The engine prefills the prefix once and packs the bodies into a few
-forwards, so hundreds of questions cost a few passes.
+list against that prefix (:func:`choice_batch`): each question's body is a ``next_token``
+request reading the answer tokens, run by :func:`fear_assets.lm.runner.run`. The engine
+prefills the prefix once and packs the bodies into a few forwards, so hundreds of
+questions cost a few passes.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.requests import Request
+from fear_assets.lm.runner import Batch
 
 
 def answer_token_ids(tokenizer, answers: Sequence[str]) -> list[int]:
@@ -28,14 +29,14 @@ def answer_token_ids(tokenizer, answers: Sequence[str]) -> list[int]:
     return ids
 
 
-def choice_logprobs(engine: TeacherForcedEngine, tokenizer, prefix: str, bodies: Sequence[str],
-                    answers: Sequence[str], batch_size: int = 32) -> list[list[float]]:
-    """Per body, the log-probability of each answer's first token after ``prefix + body``.
+def choice_batch(tokenizer, prefix: str, bodies: Sequence[str], answers: Sequence[str]) -> Batch:
+    """The questions after one shared ``prefix`` as one request list for :func:`~fear_assets.lm.runner.run`:
+    per body, a ``next_token`` request reading each answer's first token after ``prefix + body``.
 
     ``body`` is everything after the shared ``prefix`` up to where the reply starts (the
-    question and the chat template's assistant header). The prefix is prefilled once; the
-    bodies are packed rows from its cache (``batch_size`` is kept for the callers'
-    signature: the engine's packing bound decides the passes)."""
+    question and the chat template's assistant header). The engine prefills the prefix once
+    and packs the bodies into rows from its cache; response ``i``'s ``logprobs`` are body
+    ``i``'s answers' log-probabilities."""
     prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
     answer_ids = answer_token_ids(tokenizer, answers)
     requests = []
@@ -44,4 +45,4 @@ def choice_logprobs(engine: TeacherForcedEngine, tokenizer, prefix: str, bodies:
         if ids[: len(prefix_ids)] != prefix_ids or len(ids) == len(prefix_ids):
             raise ValueError("the question merged with the shared chat prefix; check the chat template")
         requests.append(Request.next_token(ids[len(prefix_ids):], answer_ids))
-    return [list(r.logprobs) for r in engine.execute(prefix_ids, requests)]
+    return prefix_ids, requests

@@ -4,7 +4,8 @@ Importable with torch and transformers alone (no Dagster), so the same engine ru
 CPU here and on a GPU host.
 
 The engine executes lists of :class:`~fear_assets.lm.requests.Request` against a shared
-prefix. The prefix is run ONCE. Every prompt (branch) and every continuation of the list
+prefix; every caller reaches it through the one entry point :func:`fear_assets.lm.runner.run`
+(the methods here are its primitives). The prefix is run ONCE. Every prompt (branch) and every continuation of the list
 is then packed into ONE row after the cached prefix: each segment gets its own positions
 (a continuation's positions follow its prompt's) and a block-diagonal 4D mask lets it see
 the prefix, its own prompt and itself, causally. The prefix cache is neither copied per
@@ -43,8 +44,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from fear_assets.lm.requests import (GENERATE, LOGLIKELIHOOD, NEXT_TOKEN, ContinuationScore, Request,
                                      Response)
 
-__all__ = ["Branch", "BranchResult", "ContinuationScore", "GenerationState", "Request", "Response",
-           "TeacherForcedEngine", "encode_pair", "naive_scores", "naive_greedy"]
+__all__ = ["ContinuationScore", "GenerationState", "Request", "Response", "TeacherForcedEngine", "encode_pair",
+           "naive_scores", "naive_greedy"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -125,28 +126,6 @@ class GenerationState:
     last_logits: torch.Tensor  # [vocab]
     max_new_tokens: int
     eos_ids: tuple[int, ...]
-
-
-@dataclass
-class Branch:
-    """One branch of a document: prompt tokens appended to the shared prefix, then scored."""
-
-    name: str
-    prompt_ids: Sequence[int]
-    continuations: Sequence[Sequence[int]] = ()
-    choice_ids: Sequence[int] = ()  # token ids whose next-token probabilities are read (forced choice)
-    generate_tokens: int = 0  # greedy generation length (0: none)
-    eos_ids: Sequence[int] = ()
-
-
-@dataclass
-class BranchResult:
-    scores: list[ContinuationScore]
-    choice_logprobs: list[float]
-    generated_ids: list[int]
-    truncated: bool = False
-    residual: "torch.Tensor | None" = None  # mean residual stream at the requested position
-    captured: bool = False  # an attention capture ran during this branch's extension
 
 
 class TeacherForcedEngine:
@@ -425,16 +404,6 @@ class TeacherForcedEngine:
         cache, last = self.prefix_cache(prefix_ids)
         return self.from_cache(cache, last, requests, hook)
 
-    @torch.inference_mode()
-    def execute(self, prefix_ids: Sequence[int], requests: Sequence[Request],
-                hook: Callable[[object], ContextManager] | None = None) -> list[Response]:
-        """Execute every request against one prefix (scoring packed, generation batched)."""
-        responses, states = self.start(prefix_ids, requests, hook)
-        order = list(states)
-        for i, (ids, truncated) in zip(order, self.generate([states[i] for i in order])):
-            responses[i] = Response(generated_ids=tuple(ids), truncated=truncated)
-        return responses
-
     # -- batched greedy generation --------------------------------------------------------
     @torch.inference_mode()
     def generate(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
@@ -499,77 +468,6 @@ class TeacherForcedEngine:
             logits = out.logits[:, -1].float()
             pos = pos + 1
         return [(t, tr) for t, tr in zip(tokens, truncated)]
-
-    # -- wrappers over requests (the callers' shapes) -----------------------------------
-    @torch.inference_mode()
-    def run_document(self, prefix_ids: Sequence[int], branches: Sequence[Branch],
-                     capture_branch: dict | None = None,
-                     residual: tuple[str, object, int] | None = None) -> dict[str, BranchResult]:
-        """One prefill of ``prefix_ids``, then every branch's readouts as requests.
-
-        ``capture_branch`` maps a branch name to an object with ``active(cache)`` (e.g. an
-        attention capture) that is active while that branch's prompt runs; ``residual`` =
-        (branch, ResidualCapture, position in that branch's prompt) reads the residual
-        stream there. Both name the same branch, which then opens the packed row."""
-        capture_branch = capture_branch or {}
-        hooked = set(capture_branch) | ({residual[0]} if residual is not None else set())
-        if len(hooked) > 1:
-            raise ValueError("captures must all read one branch (it opens the packed row)")
-        order = sorted(branches, key=lambda b: b.name not in hooked)
-        requests, where = [], []
-        for b in order:
-            prompt = tuple(b.prompt_ids)
-            # A bare prompt read keeps every branch's prompt in the row (captures need it).
-            requests.append(Request.next_token(prompt, tuple(b.choice_ids)))
-            where.append((b.name, "choice"))
-            for c in b.continuations:
-                requests.append(Request.loglikelihood(prompt, c))
-                where.append((b.name, "score"))
-            if b.generate_tokens:
-                requests.append(Request.generate(prompt, b.generate_tokens, b.eos_ids))
-                where.append((b.name, "generate"))
-
-        def hook(view):
-            stack = contextlib.ExitStack()
-            for name, capture in capture_branch.items():
-                stack.enter_context(capture.active(view))
-            if residual is not None:
-                stack.enter_context(residual[1].active(residual[2]))
-            return stack
-
-        responses = self.execute(prefix_ids, requests, hook if hooked else None)
-        results = {b.name: BranchResult([], [], [], captured=b.name in capture_branch) for b in branches}
-        for (name, what), resp in zip(where, responses):
-            res = results[name]
-            if what == "choice":
-                res.choice_logprobs = list(resp.logprobs)
-            elif what == "score":
-                res.scores.append(resp.score)
-            else:
-                res.generated_ids, res.truncated = list(resp.generated_ids), resp.truncated
-        if residual is not None:
-            results[residual[0]].residual = residual[1].mean()
-        return results
-
-    @torch.inference_mode()
-    def next_token_logprobs(self, cache, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Log-probabilities of the next token after each row appended to ``cache`` (packed
-        rows from the cache, which is left unchanged); [rows, vocab]."""
-        responses, _ = self.from_cache(cache, None, [Request.next_token(r, None) for r in rows])
-        return torch.stack([r.distribution for r in responses])
-
-    @torch.inference_mode()
-    def score_many(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]],
-                   batch_size: int = 64) -> list[ContinuationScore]:
-        """Many continuations of one context (one prefill; packed passes of ``pack_tokens``).
-        ``batch_size`` is kept for callers' signatures; the packing bound decides the passes."""
-        responses = self.execute(context_ids, [Request.loglikelihood((), c) for c in continuations])
-        return [r.score for r in responses]
-
-    @torch.inference_mode()
-    def score(self, context_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:
-        """Score continuations of one context: one prefill, one packed pass."""
-        return self.score_many(context_ids, continuations)
 
 
 @torch.inference_mode()

@@ -11,8 +11,9 @@ head, or the system prompt of a rotation for the document-free questions):
 - ``generate``: greedy tokens after ``prefix + prompt`` until an end token or
   ``max_new_tokens`` (the open answer).
 
-Requests are data built before any model runs; :class:`~fear_assets.lm.engine.TeacherForcedEngine`
-executes lists of them and never decides what to read.
+Requests are data built before any model runs (what a document reads is decided by the design
+stage); :func:`fear_assets.lm.runner.run`, the engine's one entry point, executes lists of
+them and never decides what to read.
 """
 
 from __future__ import annotations

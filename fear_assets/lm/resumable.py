@@ -1,6 +1,7 @@
 """Scoring that resumes where it stopped (Inspect's ``eval-retry`` in spirit; issue 16).
 
-A partition's document requests are cut into fixed chunks of consecutive requests. Each
+A partition's document requests (any dataclass with a ``key``, hashed as data: the
+library never reads their fields) are cut into fixed chunks of consecutive requests. Each
 finished chunk is written at once to one Parquet file, atomically (temporary name, fsync,
 ``os.replace``, fsync of the directory: ``core.files.write_parquet_atomically``), named by the
 sha256 of its requests' hashes. A request's hash covers the whole request as data (every
@@ -25,14 +26,13 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fear_assets.core.files import write_parquet_atomically
 from fear_assets.core.hashing import sha256_obj
-from fear_assets.lm.scoring import DocumentRequest
 
 #: Documents per chunk file: what a crash can cost at most (not a registered number: it
 #: changes no score, only how much work a rerun repeats and how often a file is written).
@@ -41,8 +41,18 @@ CHUNK_PREFIX, CHUNK_SUFFIX = "chunk-", ".parquet"
 #: Columns of a chunk file: one row per document request.
 CHUNK_COLUMNS = ["request_hash", "request", "readout", "long", "feature"]
 
-#: ``score(requests, progress)`` -> (long rows, readouts, features), as ``scoring.score_requests``.
-ScoreFn = Callable[[Sequence[DocumentRequest], Callable[[int, int, float], None] | None],
+
+
+class Keyed(Protocol):
+    """What a chunk holds: one unit of scoring as a dataclass (the design stage's document
+    request), hashed as data, whose ``key`` names its readout row."""
+
+    key: str
+
+
+#: ``score(requests, progress)`` -> (long rows, readouts, features), as
+#: ``design.document_scores.score_requests``.
+ScoreFn = Callable[[Sequence[Any], Callable[[int, int, float], None] | None],
                    tuple[pd.DataFrame, pd.DataFrame, np.ndarray]]
 
 
@@ -50,7 +60,7 @@ class ChunkError(ValueError):
     """A chunk file that exists but cannot be what its name says."""
 
 
-def request_hash(request: DocumentRequest, salt: str) -> str:
+def request_hash(request: Keyed, salt: str) -> str:
     """sha256 of one document request as data, with the salt of everything else it depends on."""
     return sha256_obj([salt, asdict(request)])
 
@@ -63,7 +73,7 @@ def scoring_salt(**parts) -> str:
 @dataclass(frozen=True)
 class Chunk:
     index: int
-    requests: tuple[DocumentRequest, ...]
+    requests: tuple[Keyed, ...]
     hashes: tuple[str, ...]
 
     @property
@@ -75,7 +85,7 @@ class Chunk:
         return f"{CHUNK_PREFIX}{self.digest}{CHUNK_SUFFIX}"
 
 
-def plan_chunks(requests: Sequence[DocumentRequest], salt: str, size: int = CHUNK_DOCUMENTS) -> list[Chunk]:
+def plan_chunks(requests: Sequence[Keyed], salt: str, size: int = CHUNK_DOCUMENTS) -> list[Chunk]:
     """Consecutive chunks of ``size`` requests, each named by its requests' hashes."""
     if size < 1:
         raise ValueError(f"chunk size must be >= 1 document, got {size}")
@@ -204,7 +214,7 @@ def assemble_chunks(frames: Sequence[pd.DataFrame]) -> tuple[pd.DataFrame, pd.Da
             np.stack(features) if features else np.zeros((0, dim), np.float32))
 
 
-def score_resumably(requests: Sequence[DocumentRequest], score: ScoreFn, directory: str | Path, salt: str, *,
+def score_resumably(requests: Sequence[Keyed], score: ScoreFn, directory: str | Path, salt: str, *,
                     label: str = "scores", chunk_documents: int = CHUNK_DOCUMENTS,
                     report: Callable[[Progress], None] | None = None,
                     after_chunk: Callable[[Chunk, Path], None] | None = None) -> ResumableResult:
@@ -262,6 +272,6 @@ def discard_chunks(cache_dir: str | Path, family: str, partition: str) -> None:
         shutil.rmtree(target)
 
 
-__all__ = ["CHUNK_DOCUMENTS", "Chunk", "ChunkError", "Progress", "ResumableResult", "assemble_chunks",
+__all__ = ["CHUNK_DOCUMENTS", "Chunk", "ChunkError", "Keyed", "Progress", "ResumableResult", "assemble_chunks",
            "chunk_directory", "chunk_frame", "discard_chunks", "plan_chunks", "read_chunk",
            "request_hash", "score_resumably", "scoring_salt", "write_chunk"]

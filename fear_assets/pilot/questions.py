@@ -2,7 +2,8 @@
 
 Each builder returns one row per question with the question's text body (the user message
 and the chat template's reply header) and the shared chat prefix it follows, so one scoring
-loop (:func:`fear_assets.lm.choices.choice_logprobs`) answers all of them.
+loop answers all of them (:func:`fear_assets.lm.choices.choice_batch`, one request list per
+prefix, run by :func:`fear_assets.lm.runner.run`).
 """
 
 from __future__ import annotations

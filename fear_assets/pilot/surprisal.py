@@ -15,6 +15,7 @@ from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_senten
 from fear_assets.stimuli.roles import role_names
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.requests import Request
+from fear_assets.lm.runner import run
 from fear_assets.core.settings import NO_AGENT
 from fear_assets.stimuli.bank import Item
 
@@ -88,7 +89,8 @@ def sentence_surprisal(engine: TeacherForcedEngine, tokenizer, builder: Document
             n_name.append(sum(1 for a, b in offsets[len(ctx_ids):] if a < name_end and b > start) if r["name"] else 0)
             conts.append(cont)
         # One request list per rotation: every sentence a continuation of its system prompt.
-        scores = [r.score for r in engine.execute(ctx_ids, [Request.loglikelihood((), c) for c in conts])]
+        (responses,) = run(engine, [(ctx_ids, [Request.loglikelihood((), c) for c in conts])])
+        scores = [r.score for r in responses]
         for r, k, s in zip(group, n_name, scores):
             lps = s.token_logprobs
             rest = lps[k:]

@@ -15,18 +15,20 @@ import pandas as pd
 
 from fear_assets.models.primary_model import Fitter, Priors
 from fear_assets.design.applicable import not_applicable
+from fear_assets.design.document_scores import ScoringSettings, score_requests
 from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.requests import build_requests
 from fear_assets.design.table import build_trial_table
 from fear_assets.design.trials import candidate_frames, registered_selection
 from fear_assets.core.errors import DesignError
 from fear_assets.core.hashing import sha256_file
-from fear_assets.lm.choices import choice_logprobs
+from fear_assets.lm.choices import choice_batch
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.integrity import manifest_files
 from fear_assets.lm.models import registry
+from fear_assets.lm.runner import run
 from fear_assets.stimuli.name_gate import selected_names
 from fear_assets.defs.progress import score_partition
-from fear_assets.lm.scoring import ScoringSettings, build_requests, score_requests
 from fear_assets.lm.tokenizers import end_of_turn_ids, family_tokenizers
 from fear_assets.design.trial_scores import assemble
 
@@ -64,14 +66,14 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
                                  settings.probe.layers_fraction_from)
         engine, eos = TeacherForcedEngine(model), end_of_turn_ids(tokenizer)
         # Issue 16: finished chunks survive a crash and a rerun scores only what is missing.
-        run = score_partition(context, requests,
+        scored = score_partition(context, requests,
                               lambda reqs, _, engine=engine, tokenizer=tokenizer, config=config, eos=eos:
                               score_requests(engine, tokenizer, reqs, config, eos_ids=eos),
                               protocol.cache_dir, family_key, feature_name, reader,
                               checkpoint=spec.checkpoint, config=vars(config), eos=sorted(eos),
                               settings=settings.sha256, bank=bank.sha256)
-        long, readouts, features = run.long, run.readouts, run.features
-        resumed[reader] = run.progress.metadata()
+        long, readouts, features = scored.long, scored.readouts, scored.features
+        resumed[reader] = scored.progress.metadata()
         part = assemble(rows, long, readouts)
         part["feature_row"] = np.where(part["feature_row"] >= 0, part["feature_row"] + offset, -1)
         offset += len(features)
@@ -105,9 +107,11 @@ def answer(language_model, spec, questions: pd.DataFrame, answers: list[str]) ->
     model, tokenizer = language_model.load(spec)
     engine = TeacherForcedEngine(model)
     out: list[list[float] | None] = [None] * len(questions)
-    for prefix, part in questions.reset_index(drop=True).groupby("prefix", sort=False):
-        for i, lps in zip(part.index, choice_logprobs(engine, tokenizer, prefix, list(part["body"]), answers)):
-            out[i] = lps
+    parts = list(questions.reset_index(drop=True).groupby("prefix", sort=False))
+    batches = [choice_batch(tokenizer, prefix, list(part["body"]), answers) for prefix, part in parts]
+    for (_, part), responses in zip(parts, run(engine, batches)):
+        for i, response in zip(part.index, responses):
+            out[i] = list(response.logprobs)
     return out  # type: ignore[return-value]
 
 
