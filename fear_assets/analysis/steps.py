@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.confirmatory import Inputs, Registered as AnalysisRegistered, Result, run
-from fear_assets.analysis.estimands import apply_estimation_only, estimand_flags, h4_estimand_row
+from fear_assets.analysis.estimands import apply_estimation_only, convergence_split, estimand_flags, h4_estimand_row
 from fear_assets.analysis.gate_c import GateCPriors
 from fear_assets.analysis.h4 import fit_h4, h4_data, h4_declared, h4_flags, h4_label
 from fear_assets.analysis.plots import delta_by_depth_plot, forest_plot
@@ -200,6 +200,38 @@ def h4_not_converged(h4_posterior: pd.DataFrame) -> pd.DataFrame:
 def estimated_with_diagnostics(posteriors: pd.DataFrame) -> pd.DataFrame:
     """The estimated rows that carry diagnostics (the rows 6.1's convergence rule applies to)."""
     return posteriors[(posteriors["status"] == "estimated") & posteriors["rhat"].notna()]
+
+
+NOT_CONVERGED_NEXT = ("What to change: more tuning and draws (settings: sampler), or more frames where frame effects "
+                      "are not identified (one pilot frame cannot separate them from the intercept); never read a "
+                      "label that did not converge.")
+
+
+@dataclass(frozen=True)
+class ConvergenceVerdict:
+    """6.1's convergence check on the estimands: passed, whether a miss can stop the reading
+    (an error, else a warning), what to say, and the rows examined."""
+
+    passed: bool
+    blocking: bool
+    description: str
+    estimated: pd.DataFrame
+
+
+def convergence_verdict(posteriors: pd.DataFrame) -> ConvergenceVerdict:
+    """Every reported contrast against 6.1's rule: a miss on H1-H3, H5, the gates or the controls
+    blocks (its label must not be read); H4 (6.2: it never changes the reading) and a secondary
+    or sensitivity contrast that misses it are a warning and a flag."""
+    estimated = estimated_with_diagnostics(posteriors)
+    blocking, flagged = convergence_split(estimated)
+    listed = lambda bad: " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples())
+    parts = []
+    if len(blocking):
+        parts.append("not converged (H1-H3, H5, gates, controls): " + listed(blocking) + ". " + NOT_CONVERGED_NEXT)
+    if len(flagged):
+        parts.append("H4/secondary/sensitivity not converged (flagged, cannot change the reading): " + listed(flagged))
+    return ConvergenceVerdict(not parts, bool(len(blocking)),
+                              "every reported contrast converged" if not parts else " ".join(parts), estimated)
 
 
 def convergence_description(settings: ProtocolSettings) -> str:

@@ -7,7 +7,6 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.analysis import steps as analysis_steps
-from fear_assets.analysis.estimands import convergence_split
 from fear_assets.analysis.plots import markdown_image
 from fear_assets.core.hashing import sha256_file
 from fear_assets.core.registered import registered
@@ -21,9 +20,6 @@ from fear_assets.defs.resources.protocol import ProtocolResource
 #: 6.1's rule in the checks' descriptions, from the registered settings file.
 CONVERGENCE_RULE = analysis_steps.convergence_description(load_settings())
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
-NOT_CONVERGED_NEXT = ("What to change: more tuning and draws (settings: sampler), or more frames where frame effects "
-                      "are not identified (one pilot frame cannot separate them from the intercept); never read a "
-                      "label that did not converge.")
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "pymc"},
@@ -116,20 +112,13 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
 
 
 @dg.asset_check(asset=posteriors, blocking=GATES_BLOCK, description=(
-    f"Convergence of every reported contrast (6.1): {CONVERGENCE_RULE}. Blocks (confirmatory mode) only on the estimands that can stop the "
-    "reading: H1-H3, H5, the gates and the controls; H4 (6.2: it never changes the reading) "
+    f"Convergence of every reported contrast (6.1): {CONVERGENCE_RULE}. Blocks (confirmatory mode) only on "
+    "the estimands that can stop the reading: H1-H3, H5, the gates and the controls; H4 (6.2: it never changes the reading) "
     "and a secondary or sensitivity contrast that misses the rule are a warning and a flag."))
 def posteriors_converged(posteriors: pd.DataFrame) -> dg.AssetCheckResult:
-    estimated = analysis_steps.estimated_with_diagnostics(posteriors)
-    blocking, flagged = convergence_split(estimated)
-    listed = lambda bad: " | ".join(f"{r.contrast}: {r.convergence_problems}" for r in bad.itertuples())
-    parts = []
-    if len(blocking):
-        parts.append("not converged (H1-H3, H5, gates, controls): " + listed(blocking) + ". " + NOT_CONVERGED_NEXT)
-    if len(flagged):
-        parts.append("H4/secondary/sensitivity not converged (flagged, cannot change the reading): " + listed(flagged))
+    verdict = analysis_steps.convergence_verdict(posteriors)
     return dg.AssetCheckResult(
-        passed=not parts, severity=dg.AssetCheckSeverity.ERROR if len(blocking) else dg.AssetCheckSeverity.WARN,
-        description="every reported contrast converged" if not parts else " ".join(parts),
+        passed=verdict.passed, severity=dg.AssetCheckSeverity.ERROR if verdict.blocking else dg.AssetCheckSeverity.WARN,
+        description=verdict.description,
         metadata={"diagnostics": dg.MetadataValue.md(readable_markdown(
-            estimated[["contrast", "kind", "rhat", "ess_bulk", "ess_tail", "divergences"]]))})
+            verdict.estimated[["contrast", "kind", "rhat", "ess_bulk", "ess_tail", "divergences"]]))})
