@@ -86,3 +86,16 @@ def test_a_miss_on_a_reading_estimand_blocks_and_a_secondary_miss_warns():
     secondary = convergence_verdict(rows.assign(convergence_problems=["", "ess"]))
     assert not secondary.passed and not secondary.blocking
     assert convergence_verdict(rows.assign(convergence_problems="")).passed
+
+
+def test_a_fitted_batch_reports_forms_per_dataset_and_its_misses(tmp_path):
+    from fear_assets.simulation.steps import BatchResult
+
+    labels = pd.DataFrame({"dataset": [0, 0, 1, 1], "frame_parametrisation": ["centred", "centred", "non_centred", None],
+                           "converged": [True, False, True, True], "contrast": ["H2", "H5", "H2", "H5"],
+                           "label": ["supported", "unresolved", "supported", "supported"]})
+    batch = BatchResult(tmp_path / "b.parquet", False, labels)
+    assert batch.frame_forms == {"centred": 1, "non_centred": 1}
+    assert batch.not_converged == 1
+    assert batch.label_counts.set_index(["contrast", "label"])["datasets"].to_dict() == {
+        ("H2", "supported"): 2, ("H5", "supported"): 1, ("H5", "unresolved"): 1}

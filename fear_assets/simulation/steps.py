@@ -94,6 +94,22 @@ class BatchResult:
     seconds: float = 0.0
     compilations: int = 0
 
+    @property
+    def frame_forms(self) -> dict[str, int]:
+        """Datasets per frame-effect form the registered rule picked (one count per dataset)."""
+        return (self.labels.drop_duplicates(["dataset", "frame_parametrisation"])["frame_parametrisation"].dropna()
+                .value_counts().to_dict())
+
+    @property
+    def not_converged(self) -> int:
+        """Fits of this batch that miss the convergence rule."""
+        return int((~self.labels["converged"]).sum())
+
+    @property
+    def label_counts(self) -> pd.DataFrame:
+        """Datasets per contrast and label."""
+        return self.labels.groupby(["contrast", "label"]).size().rename("datasets").reset_index()
+
 
 def batch_file(view: Registered, power_dir: Path, key: str, estimates: pd.DataFrame) -> Path:
     """The Parquet file of batch ``key`` under its run key; a key that is not one of the family's

@@ -77,18 +77,15 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     if batch.resumed:
         context.log.info(f"{key}: finished earlier ({batch.path}); not refitted")
         return dg.MaterializeResult(metadata={"path": str(batch.path), "resumed": True})
-    labels = batch.labels
     return dg.MaterializeResult(metadata={
         "path": str(batch.path), "datasets": batch.datasets, "rows (trials per block)": batch.rows,
         "seconds": batch.seconds, "compilations (this process)": batch.compilations,
         "frame effects sampled (registered rule, per dataset; same prior either way)": dg.MetadataValue.json(
-            labels.drop_duplicates(["dataset", "frame_parametrisation"])["frame_parametrisation"].dropna()
-            .value_counts().to_dict()),
-        "fits missing the convergence rule": int((~labels["converged"]).sum()),
-        "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(labels),
+            batch.frame_forms),
+        "fits missing the convergence rule": batch.not_converged,
+        "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(batch.labels),
                                                    "power simulation label frequencies"),
-        "labels": dg.MetadataValue.md(labels.groupby(["contrast", "label"]).size().rename("datasets")
-                                      .reset_index().to_markdown(index=False)),
+        "labels": dg.MetadataValue.md(batch.label_counts.to_markdown(index=False)),
         "demo": view.embedded})
 
 
