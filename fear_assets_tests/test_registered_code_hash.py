@@ -260,5 +260,6 @@ def test_the_record_asset_refuses_a_confirmatory_registration_without_the_note(t
         registration_record(context=dg.build_asset_context(partition_key="smollm2-135m"), config=RecordConfig(),
                             protocol=protocol, name_gate=empty, model_manifest=empty, matched_frames=empty,
                             zero_preference=empty, binding_results=empty, report_scoring=empty,
-                            pilot_depths=empty, pilot_controls=empty, pilot_probe_controls=empty)
+                            pilot_depths=empty, pilot_controls=empty, pilot_probe_controls=empty,
+                            power_summary=empty)
     assert not registration.exists()

@@ -22,8 +22,12 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import pandas as pd
+
+from fear_assets.report.stage2 import Provenance
 
 #: Fields that are null in every record today, with the reason (shown in the asset's metadata).
 NULL_REASONS = {
@@ -181,3 +185,46 @@ def to_parquet_bytes(record: pd.DataFrame) -> tuple[bytes, str]:
     record.to_parquet(buffer, index=False, engine="pyarrow", compression="zstd")
     data = buffer.getvalue()
     return data, hashlib.sha256(data).hexdigest()
+
+
+def scored_at(provenance: Mapping[str, Sequence[Provenance]]) -> dict[tuple[str, str], tuple[float, str]]:
+    """(asset, depth) -> (materialisation timestamp, run id) from each scored asset's stored
+    partitions (a ``family|depth`` partition keys its depth half; scoring stores time per
+    partition, not per trial)."""
+    out = {}
+    for name, sources in provenance.items():
+        for p in sources:
+            out[(name, p.partition.split("|")[0] if "|" in p.partition else p.partition)] = (p.timestamp, p.run_id)
+    return out
+
+
+@dataclass(frozen=True)
+class WrittenRecord:
+    """The written data record: its table (with the Parquet file's sha256) and the facts shown."""
+
+    table: pd.DataFrame
+    path: str
+    sha256: str
+    records: int
+    positive_controls: int
+
+
+def write_data_record(tables: Mapping[str, pd.DataFrame], confirmatory: Mapping[str, pd.DataFrame | None],
+                      scored: Mapping[str, Sequence[Provenance]], path: Path) -> WrittenRecord:
+    """The data record of one family (Appendix B), joined from its stored tables in the
+    registered collection order (Appendix C step 5) and written to ``path`` as Parquet.
+    ``tables``: the pilot inputs by their report names; ``confirmatory``: the confirmatory
+    scores and trial table where stored (None or empty for a design that scores no
+    confirmatory block); ``scored``: each scored asset's stored partitions."""
+    trial_table = pd.concat([t for t in (tables["trial_table"], confirmatory["confirmatory_trial_table"])
+                             if t is not None and len(t)], ignore_index=True)
+    record = json.loads(tables["registration_record"]["record_json"].iloc[0])
+    table = data_record(RecordInputs(tables["scores"], trial_table, tables["surprisal"], tables["report_scoring"],
+                                     tables["binding_results"], tables["probe_outputs"], tables["model_manifest"],
+                                     record, tables["control_scores"], scored_at(scored),
+                                     confirmatory["confirmatory_scores"]))
+    data, digest = to_parquet_bytes(table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return WrittenRecord(table.assign(record_sha256=digest), str(path), digest, len(table),
+                         int(table["positive_control"].sum()))

@@ -5,8 +5,9 @@ A section whose asset is not materialised yet says so; nothing is filled in."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,10 @@ from fear_assets.analysis.plots import forest_plot
 from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
 from fear_assets.registration.record import analysis_code_sha256
-from fear_assets.report.stage2 import Provenance, Ran, Section, cite_all, deviations, hypotheses_table, html_to_pdf
+from fear_assets.core.registered import Registered
+from fear_assets.core.settings import ProtocolSettings
+from fear_assets.report.stage2 import (FamilyReport, Provenance, Ran, Section, cite_all, deviations, hypotheses_table,
+                                      html_to_pdf, render_html)
 from fear_assets.core.settings import depth_key
 
 
@@ -167,3 +171,63 @@ def preamble_text(settings) -> str:
             "Generated only from stored assets; each table's source line names the materialisation it came from "
             "(asset key [partition] · run id · data version). None of these readings is a verdict on consciousness "
             "(Section 8).")
+
+
+@dataclass(frozen=True)
+class WrittenReport:
+    """A written Stage 2 report: its one-row table (paths, sha256s) and what its metadata shows."""
+
+    table: pd.DataFrame
+    html_path: str
+    html_sha256: str
+    pdf_path: str
+    deviations: int
+    reading: str
+    #: The inputs not materialised yet (their asset names), in the inputs' order.
+    missing: tuple[str, ...]
+
+
+def family_report(view: Registered, tables: Mapping[str, pd.DataFrame | None],
+                  sources: dict[str, list[Provenance]], upstream: Mapping[str, str],
+                  directory: Path) -> WrittenReport:
+    """The Stage 2 report of one family (Appendix C step 7: "Publish: Stage 2 report with all
+    readings from Section 8 stated as they fall"), written under ``directory`` from whatever
+    is stored; the reading is the stored one, or "not materialised yet"."""
+    family_key = view.family.key
+    sections, n_dev = family_sections(view.settings, family_key, dict(tables), sources, upstream)
+    document = render_html(f"Stage 2 report: {family_key}", preamble_text(view.settings),
+                           [FamilyReport(family_key, sections)])
+    row = write_report(directory, "stage2_report", document)
+    stored = tables["reading"]
+    reading = stored["code"].iloc[0] if stored is not None and len(stored) else "not materialised yet"
+    table = pd.DataFrame([{"family": family_key, **row, "deviations": n_dev, "reading": reading}])
+    return WrittenReport(table, row["html_path"], row["html_sha256"], row["pdf_path"], n_dev, reading,
+                         tuple(upstream[n] for n, t in tables.items() if t is None))
+
+
+def all_families_report(settings: ProtocolSettings, reading: pd.DataFrame, posteriors: pd.DataFrame,
+                        cross_family: pd.DataFrame, stage2_report: pd.DataFrame,
+                        provenance: Callable[[str, Sequence[str | None]], list[Provenance]],
+                        directory: Path) -> WrittenReport:
+    """The Stage 2 report across families (6.2: "each replication family is labelled
+    separately ... a statement about current language models in general requires the same
+    label on H2 in all three families"): every family's reading and labels side by side, the
+    cross-family statement, and the path of each family's own report. ``provenance(name,
+    partitions)`` names the stored materialisations a table came from."""
+    fams = sorted(set(reading["family"]))
+    families = []
+    for f in fams:
+        families.append(FamilyReport(f, [
+            Section("Section 8 reading", "", reading[reading["family"] == f][["code", "row", "qualifiers", "flags"]],
+                    provenance("reading", [f])),
+            Section("Hypotheses and gates", "", hypotheses_table(posteriors[posteriors["family"] == f]),
+                    provenance("posteriors", [f])),
+            Section("Family report", "", stage2_report[stage2_report["family"] == f][["html_path", "html_sha256"]],
+                    list(provenance("registration_record", [f]))),
+        ]))
+    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]), cross_family,
+                      provenance("cross_family", [None]))]
+    document = render_html("Stage 2 report: all families", preamble_text(settings), families, across)
+    row = write_report(directory, "stage2_report_all", document)
+    table = pd.DataFrame([{"families": ", ".join(fams), **row}])
+    return WrittenReport(table, row["html_path"], row["html_sha256"], row["pdf_path"], 0, "", ())

@@ -9,8 +9,9 @@ import pandas as pd
 
 from fear_assets.defs.metadata import metadata_image
 from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
-from fear_assets.probes.carriage import ProbeSettings, h4_interpretable, run_probes
-from fear_assets.probes.inputs import PROBE_BLOCKS, probe_inputs
+from fear_assets.core.registered import registered
+from fear_assets.core.settings import load_settings
+from fear_assets.probes.steps import at_chance_description, controls_off_chance, frame_set_probe
 from fear_assets.report import plots as report_plots
 from fear_assets.defs.resources.protocol import ProtocolResource
 
@@ -23,17 +24,13 @@ CONTROLS_DOC = ("Held-out accuracy of the probe and of each control probe with i
 def probe_frame_set(context, settings, family_key: str, scores: pd.DataFrame, frame_set: str):
     """(outputs, controls) of one frame set's probe, every frame's three rotation folds in
     parallel; (None, None) where the frame set's blocks were not scored."""
-    blocks = PROBE_BLOCKS[frame_set]
-    if scores.empty or not scores["block"].isin(blocks[:2]).any():
-        return None, None
-    config = ProbeSettings.from_settings(settings)
     n_jobs = max(1, os.cpu_count() or 1)
-    X, meta, Xna, na = probe_inputs(scores, blocks)
-    out, ctrl = run_probes(X, meta, config, Xna, na, n_jobs=n_jobs)
-    context.log.info(f"{family_key} {frame_set}: {len(out)} held-out predictions from "
-                     f"{meta['item_id'].nunique()} frames x 3 folds on {n_jobs} cores")
-    ctrl = ctrl.assign(family=family_key, frame_set=frame_set, h4_interpretable=h4_interpretable(ctrl))
-    return out.assign(family=family_key, frame_set=frame_set), ctrl
+    result = frame_set_probe(registered(settings, family_key), scores, frame_set, n_jobs)
+    if result.outputs is None:
+        return None, None
+    context.log.info(f"{family_key} {frame_set}: {len(result.outputs)} held-out predictions from "
+                     f"{result.frames} frames x 3 folds on {n_jobs} cores")
+    return result.outputs, result.controls
 
 
 def probe_metadata(outputs: pd.DataFrame, controls: pd.DataFrame) -> tuple[dict, dict]:
@@ -68,9 +65,8 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, confir
     yield dg.Output(controls, output_name="probe_controls", metadata=meta_ctrl)
 
 
-AT_CHANCE_DOC = ("Protocol 6.1: every control probe (cell+order+depth, order+depth, depth, shuffled labels, "
-                 "no agent sentence) decodes at chance: its 99% interval includes 0.5. Otherwise H4 is "
-                 "uninterpretable for this configuration: a flag on H4's row, never blocking.")
+#: Built from the registered settings file (the description is fixed when the definitions load).
+AT_CHANCE_DOC = at_chance_description(load_settings())
 
 
 def at_chance(controls: pd.DataFrame) -> dg.AssetCheckResult:
@@ -79,7 +75,7 @@ def at_chance(controls: pd.DataFrame) -> dg.AssetCheckResult:
     so it must not stop H2, H5 or the reading."""
     if controls.empty:
         return dg.AssetCheckResult(passed=True, description="no probe ran in this design: nothing to check")
-    bad = controls[(controls["probe"] != "probe") & controls["excludes_chance"]]
+    bad = controls_off_chance(controls)
     return dg.AssetCheckResult(
         passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
         description="all control probes at chance" if bad.empty else

@@ -6,19 +6,16 @@ provenance of each (asset key, partition, run id, data version) from the instanc
 """
 
 
-import json
-from pathlib import Path
-
 import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions, registered_partition_keys
-from fear_assets.report.data_record import NULL_REASONS, RecordInputs, to_parquet_bytes
-from fear_assets.report.data_record import data_record as join_record
-from fear_assets.report.sections import family_sections, preamble_text, write_report
-from fear_assets.report.stage2 import FamilyReport, Provenance, Section, hypotheses_table, render_html
+from fear_assets.core.registered import registered
+from fear_assets.report.data_record import NULL_REASONS, write_data_record
+from fear_assets.report.sections import all_families_report, family_report
+from fear_assets.report.stage2 import Provenance
 from fear_assets.defs.resources.protocol import ProtocolResource
-from fear_assets.defs.resources.store import SCHEMA, connect_store
+from fear_assets.defs.resources.store import read_table
 
 #: The upstream assets this module reads, in ONE place: the asset layer's names may change
 #: (issue 12: pilot/confirmatory trial tables and scores); remap them here only.
@@ -65,23 +62,8 @@ def _depth_partitions(settings, family_key: str) -> list[str]:
 
 
 def _stored(context, name: str, family_key: str) -> pd.DataFrame | None:
-    """The stored rows of ``UPSTREAM[name]`` for one family, read through the store the IO
-    manager writes (DuckDB file or Parquet tree); None where the asset is not materialised."""
-    io = context.resources.io_manager
-    # The DbIOManager keeps its store location privately: the DuckDB path, or the Parquet root.
-    root = getattr(getattr(io, "_db_client", None), "root", None)
-    if not root and not Path(str(getattr(io, "_database", ""))).is_file():
-        return None  # nothing stored yet
-    with connect_store(store="parquet" if root else "duckdb", path=getattr(io, "_database", None), root=root) as con:
-        exists = con.execute("select count(*) from information_schema.tables where table_schema = ? and "
-                             "table_name = ?", [SCHEMA, UPSTREAM[name]]).fetchone()[0]
-        if not exists:
-            return None
-        columns = {r[0] for r in con.execute("select column_name from information_schema.columns where "
-                                             "table_schema = ? and table_name = ?", [SCHEMA, UPSTREAM[name]]).fetchall()}
-        where = " where family = ?" if "family" in columns else ""
-        return con.execute(f"select * from {SCHEMA}.{UPSTREAM[name]}{where}",
-                           [family_key] if where else []).df()
+    """The stored rows of ``UPSTREAM[name]`` for one family (None where not materialised)."""
+    return read_table(context.resources.io_manager, UPSTREAM[name], family_key)
 
 
 FAMILY_INPUTS = ("registration_record", "posteriors", "reading", "pilot_controls", "probe_controls", "model_manifest",
@@ -106,22 +88,16 @@ def stage2_report(context: dg.AssetExecutionContext) -> dg.Output[pd.DataFrame]:
     protocol = context.resources.protocol
     settings = protocol.settings()
     family_key = context.partition_key
+    view = registered(settings, family_key)
     depth_parts = _depth_partitions(settings, family_key)
     tables = {n: _stored(context, n, family_key) for n in FAMILY_INPUTS}
     sources = {n: provenance(context.instance, n, depth_parts if n in PER_DEPTH else
                              [None if n == "frame_bank" else family_key]) for n in FAMILY_INPUTS}
-    sections, n_dev = family_sections(settings, family_key, tables, sources, UPSTREAM)
-    document = render_html(f"Stage 2 report: {family_key}", preamble_text(settings),
-                           [FamilyReport(family_key, sections)])
-    row = write_report(Path(protocol.cache_dir).parent / "reports" / family_key, "stage2_report", document)
-    reading = tables["reading"]["code"].iloc[0] if tables["reading"] is not None and len(tables["reading"]) \
-        else "not materialised yet"
-    table = pd.DataFrame([{"family": family_key, **row, "deviations": n_dev, "reading": reading}])
-    return dg.Output(table, metadata={
-        "report": dg.MetadataValue.path(row["html_path"]), "html_sha256": row["html_sha256"],
-        "pdf": row["pdf_path"] or "not written (WeasyPrint not installed)", "deviations": n_dev,
-        "reading": reading,
-        "not materialised yet": ", ".join(UPSTREAM[n] for n, t in tables.items() if t is None) or "none"})
+    report = family_report(view, tables, sources, UPSTREAM, protocol.output_path("reports", family_key))
+    return dg.Output(report.table, metadata={
+        "report": dg.MetadataValue.path(report.html_path), "html_sha256": report.html_sha256,
+        "pdf": report.pdf_path or "not written (WeasyPrint not installed)", "deviations": report.deviations,
+        "reading": report.reading, "not materialised yet": ", ".join(report.missing) or "none"})
 
 
 @dg.asset(kinds={"duckdb", "html"},
@@ -134,25 +110,12 @@ def stage2_report_all(context: dg.AssetExecutionContext, protocol: ProtocolResou
     separately ... a statement about current language models in general requires the same
     label on H2 in all three families"): every family's reading and labels side by side,
     the cross-family statement, and the path of each family's own report."""
-    settings = protocol.settings()
-    fams = sorted(set(reading["family"]))
-    families = []
-    for f in fams:
-        src = lambda n: provenance(context.instance, n, [f])
-        families.append(FamilyReport(f, [
-            Section("Section 8 reading", "", reading[reading["family"] == f][["code", "row", "qualifiers", "flags"]],
-                    src("reading")),
-            Section("Hypotheses and gates", "", hypotheses_table(posteriors[posteriors["family"] == f]),
-                    src("posteriors")),
-            Section("Family report", "", stage2_report[stage2_report["family"] == f][["html_path", "html_sha256"]],
-                    [p for p in [provenance(context.instance, "registration_record", [f])] for p in p]),
-        ]))
-    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]), cross_family,
-                      provenance(context.instance, "cross_family", [None]))]
-    document = render_html("Stage 2 report: all families", preamble_text(settings), families, across)
-    row = write_report(Path(protocol.cache_dir).parent / "reports", "stage2_report_all", document)
-    return dg.Output(pd.DataFrame([{"families": ", ".join(fams), **row}]), metadata={
-        "report": dg.MetadataValue.path(row["html_path"]), "families": ", ".join(fams)})
+    report = all_families_report(protocol.settings(), reading, posteriors, cross_family, stage2_report,
+                                 lambda name, partitions: provenance(context.instance, name, partitions),
+                                 protocol.output_path("reports"))
+    families = report.table["families"].iloc[0]
+    return dg.Output(report.table, metadata={
+        "report": dg.MetadataValue.path(report.html_path), "families": families})
 
 
 RECORD_INPUTS = ("scores", "control_scores", "trial_table", "surprisal", "report_scoring", "binding_results",
@@ -172,27 +135,15 @@ def data_record(context: dg.AssetExecutionContext, **tables) -> dg.Output[pd.Dat
     confirmatory tables are read where stored (a design that scores no confirmatory block
     has none)."""
     protocol = context.resources.protocol
-    settings = protocol.settings()
     family_key = context.partition_key
-    parts = _depth_partitions(settings, family_key)
-    scored_at = {}
-    for name in ("scores", "control_scores", "confirmatory_scores"):
-        for p in provenance(context.instance, name, parts):
-            scored_at[(name, p.partition.split("|")[0] if "|" in p.partition else p.partition)] = (p.timestamp, p.run_id)
+    parts = _depth_partitions(protocol.settings(), family_key)
+    scored = {name: provenance(context.instance, name, parts)
+              for name in ("scores", "control_scores", "confirmatory_scores")}
     confirmatory = {n: _stored(context, n, family_key) for n in CONFIRMATORY_INPUTS}
-    trial_table = pd.concat([t for t in (tables["trial_table"], confirmatory["confirmatory_trial_table"])
-                             if t is not None and len(t)], ignore_index=True)
-    record = json.loads(tables["registration_record"]["record_json"].iloc[0])
-    table = join_record(RecordInputs(tables["scores"], trial_table, tables["surprisal"], tables["report_scoring"],
-                                     tables["binding_results"], tables["probe_outputs"], tables["model_manifest"],
-                                     record, tables["control_scores"], scored_at,
-                                     confirmatory["confirmatory_scores"]))
-    data, digest = to_parquet_bytes(table)
-    path = Path(protocol.cache_dir).parent / "records" / family_key / "data_record.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return dg.Output(table.assign(record_sha256=digest), metadata={
-        "records": len(table), "parquet": dg.MetadataValue.path(str(path)), "parquet_sha256": digest,
+    record = write_data_record(tables, confirmatory, scored,
+                               protocol.output_path("records", family_key, "data_record.parquet"))
+    return dg.Output(record.table, metadata={
+        "records": record.records, "parquet": dg.MetadataValue.path(record.path), "parquet_sha256": record.sha256,
         "null fields (why)": dg.MetadataValue.md(pd.DataFrame(
             [{"field": k, "why null": v} for k, v in NULL_REASONS.items()]).to_markdown(index=False)),
-        "positive controls first": int(table["positive_control"].sum())})
+        "positive controls first": record.positive_controls})

@@ -42,3 +42,12 @@ class ProtocolResource(dg.ConfigurableResource):
     def bank(self) -> Bank:
         root = Path(self.bank_dir)
         return _bank(str(root), self.settings_path, _stamp(root))
+
+    def output_path(self, kind: str, family: str | None = None, name: str | None = None) -> Path:
+        """Where a step writes its files beside the cache: ``<cache_dir>/../<kind>[/<family>][/<name>]``
+        (kinds: posteriors, power, reports, records; the topic counts are ``output_path("topic_counts.csv")``).
+        The one rule for every output path, so a site that moves the cache moves them all."""
+        path = Path(self.cache_dir).parent / kind
+        if family is not None:
+            path = path / family
+        return path / name if name is not None else path

@@ -393,3 +393,28 @@ def connect_store(store: str | None = None, path: str | None = None,
         yield con
     finally:
         con.close()
+
+
+def store_location(io_manager: DbIOManager) -> tuple[str, str | None, str | None]:
+    """(store, DuckDB path, Parquet root) of the IO manager a step runs with: the one place that
+    reads where the running IO manager keeps its tables (the DuckDB path, or our Parquet client's root)."""
+    root = getattr(getattr(io_manager, "_db_client", None), "root", None)
+    return ("parquet" if root else "duckdb"), getattr(io_manager, "_database", None), root
+
+
+def read_table(io_manager: DbIOManager, table: str, family: str | None = None) -> pd.DataFrame | None:
+    """The stored rows of asset table ``table`` (one family's where ``family`` is given and the
+    table has a ``family`` column), read from the store ``io_manager`` writes (DuckDB file or
+    Parquet tree); None where nothing is stored yet or the asset is not materialised."""
+    store, path, root = store_location(io_manager)
+    if not root and not Path(str(path or "")).is_file():
+        return None  # nothing stored yet
+    with connect_store(store=store, path=path, root=root) as con:
+        exists = con.execute("select count(*) from information_schema.tables where table_schema = ? and "
+                             "table_name = ?", [SCHEMA, table]).fetchone()[0]
+        if not exists:
+            return None
+        columns = {r[0] for r in con.execute("select column_name from information_schema.columns where "
+                                             "table_schema = ? and table_name = ?", [SCHEMA, table]).fetchall()}
+        where = " where family = ?" if family is not None and "family" in columns else ""
+        return con.execute(f"select * from {SCHEMA}.{table}{where}", [family] if where else []).df()

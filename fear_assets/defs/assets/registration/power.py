@@ -12,47 +12,19 @@ Wiring only; the science is in ``fear_assets.simulation`` (registered code hash)
 """
 
 
-import dataclasses
 import json
-import time
-from pathlib import Path
 
 import dagster as dg
-
-from fear_assets.defs.metadata import metadata_image
-from fear_assets.report import plots as report_plots  # issue 15: gate figures as metadata
 import pandas as pd
 
-from fear_assets.models.data import model_table
-from fear_assets.models.fits import fit_cells
-from fear_assets.models.h5_model import H5Priors
-from fear_assets.analysis.unmasking import unmask_pilot
-from fear_assets.core.hashing import derived_seed
-from fear_assets.pilot.depth_rules import band_keys, stored_band
-from fear_assets.registration.record import write_power_section
-from fear_assets.simulation.design import simulated_design
-from fear_assets.simulation.generator import NOT_SIMULATED
-from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates
-from fear_assets.simulation.generator import pilot_estimates
-from fear_assets.analysis.h4 import h4_data
-from fear_assets.models.primary_model import Priors
-from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
-from fear_assets.simulation.sampling import frame_forms_record
-from fear_assets.simulation.setup import fitter_for, run_key, sampler_of
-from fear_assets.simulation.runner import Rules, dataset_seed, run_batch
-from fear_assets.simulation.store import batch_path, parse_batch_key, write_batch
-from fear_assets.simulation.store import read_batches
-from fear_assets.simulation.targets import PowerTargets, decide, label_frequencies
+from fear_assets.core.registered import registered
+from fear_assets.defs.metadata import metadata_image
 from fear_assets.defs.modes import GATES_BLOCK
-from fear_assets.defs.partitions import (BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions,
-                                    power_partitions)
-from fear_assets.simulation.batches import batch_keys_of
+from fear_assets.defs.partitions import BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions, \
+    power_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
-from fear_assets.core.settings import depth_key
-
-
-def _power_dir(protocol: ProtocolResource) -> Path:
-    return Path(protocol.cache_dir).parent / "power"
+from fear_assets.report import plots as report_plots
+from fear_assets.simulation import steps as simulation_steps
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -68,36 +40,16 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     of the positive controls, and (a registered family) H4's model on the pilot probe and H5's
     probit on the pilot's forced choices."""
 
-    settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    band = band_keys(stored_band(pilot_depths))
-    rows = pilot_scores[pilot_scores["block"] == "pilot_primary"]
-    fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
-    table = model_table(unmask_pilot(rows, assignment_key), sentence_surprisal, fears_of,
-                        settings.neutral_partner_option)
-    fit = fit_cells(fitter_for(settings, family_key), table, settings.fears, band,
-                    derived_seed(settings.master_seed, "power_pilot_estimates", family_key) % (2**31), "pilot_primary")
-    controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
-    est = pilot_estimates(fit.idata, fit.data, controls)
-    if settings.family(family_key).role != "embedded":  # H4's and H5's models at the pilot (the demo fits neither)
-        s = sampler_of(settings, family_key)
-        removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
-        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])),
-                                unmask_pilot(removed, assignment_key) if len(removed) else None)
-        h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
-                                int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
-        probe = unmask_pilot(pilot_probe_outputs[pilot_probe_outputs["frame_set"] == "pilot"], assignment_key)
-        h4_table = h4_data(probe, sentence_surprisal, {i: bank.item(i).group for i in set(probe["item_id"])},
-                           settings.neutral_partner_option)
-        h4 = h4_pilot_fit(h4_table, settings.fears, Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
-                          int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h4", family_key) % 2**31)
-        est = dataclasses.replace(est, h4=h4, h5=h5.as_dict())
-    out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
-                         "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"]}])
-    return dg.Output(out, metadata={"band": ",".join(band), "pilot trials": len(table),
-                                    "sigma": round(est.sigma, 4), "unit sd": round(est.unit_sd, 4),
-                                    "frame sds": ", ".join(f"{x:.3f}" for x in est.frame_sd),
-                                    "controls (pilot means)": json.dumps({k: round(v, 3) for k, v in controls.items()})})
+    r = simulation_steps.power_pilot_estimates(
+        registered(protocol.settings(), family_key), protocol.bank(), pilot_scores, assignment_key,
+        sentence_surprisal, pilot_depths, pilot_controls, pilot_probe_outputs)
+    est = r.estimates
+    return dg.Output(r.table, metadata={"band": ",".join(r.band), "pilot trials": r.pilot_trials,
+                                        "sigma": round(est.sigma, 4), "unit sd": round(est.unit_sd, 4),
+                                        "frame sds": ", ".join(f"{x:.3f}" for x in est.frame_sd),
+                                        "controls (pilot means)": json.dumps({k: round(v, 3)
+                                                                              for k, v in r.controls.items()})})
 
 
 #: Each batch step samples 2 chains (one per core). Pool "power" bounds how many run at once on
@@ -117,44 +69,24 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     swapped per dataset); labels, HDIs and every fit's R-hat, ESS and divergences go to one
     Parquet file. A batch whose file exists is finished and is not refitted."""
 
-    settings = protocol.settings()
     keys = context.partition_key.keys_by_dimension
     family_key, key = keys["family"], keys[BATCH]
-    if key not in batch_keys_of(settings, family_key):
-        raise ValueError(f"batch {key} is not part of family {family_key}'s simulation "
-                         f"(its batches: {batch_keys_of(settings, family_key)[:3]} ...): pick one of those")
-    scenario, frames, batch = parse_batch_key(key)
-    path = batch_path(_power_dir(protocol), family_key, key, run_key(settings, family_key, power_pilot_estimates))
-    if path.exists():
-        context.log.info(f"{key}: finished earlier ({path}); not refitted")
-        return dg.MaterializeResult(metadata={"path": str(path), "resumed": True})
-    p = settings.power
-    family = settings.family(family_key)
-    total = p.demo.datasets if family.role == "embedded" else p.datasets
-    size = p.batch_size
-    datasets = range(batch * size, min(total, (batch + 1) * size))
-    est = PilotEstimates.from_dict(json.loads(power_pilot_estimates["estimates_json"].iloc[0]))
-    band = str(power_pilot_estimates["band"].iloc[0]).split(",")
-    design = simulated_design(settings, family.depth_keys, band, frames, est.covariate_sd,
-                              dataset_seed(settings.master_seed, family_key, "design", frames, 0, "covariates"))
-    fitter = fitter_for(settings, family_key)
-    t = time.perf_counter()
-    blocks = p.demo.blocks if family.role == "embedded" else tuple(PRIMARY_MODEL_BLOCKS)
-    labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
-                       settings.master_seed, log=context.log.info, blocks=blocks)
-    write_batch(path, labels)
+    view = registered(protocol.settings(), family_key)
+    batch = simulation_steps.power_batch(view, key, power_pilot_estimates, protocol.output_path("power"),
+                                         log=context.log.info)
+    if batch.resumed:
+        context.log.info(f"{key}: finished earlier ({batch.path}); not refitted")
+        return dg.MaterializeResult(metadata={"path": str(batch.path), "resumed": True})
     return dg.MaterializeResult(metadata={
-        "path": str(path), "datasets": len(datasets), "rows (trials per block)": design.rows,
-        "seconds": round(time.perf_counter() - t, 1), "compilations (this process)": fitter.compilations,
+        "path": str(batch.path), "datasets": batch.datasets, "rows (trials per block)": batch.rows,
+        "seconds": batch.seconds, "compilations (this process)": batch.compilations,
         "frame effects sampled (registered rule, per dataset; same prior either way)": dg.MetadataValue.json(
-            labels.drop_duplicates(["dataset", "frame_parametrisation"])["frame_parametrisation"].dropna()
-            .value_counts().to_dict()),
-        "fits missing the convergence rule": int((~labels["converged"]).sum()),
-        "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(labels),
-                                                                "power simulation label frequencies"),
-        "labels": dg.MetadataValue.md(labels.groupby(["contrast", "label"]).size().rename("datasets")
-                                      .reset_index().to_markdown(index=False)),
-        "demo": family.role == "embedded"})
+            batch.frame_forms),
+        "fits missing the convergence rule": batch.not_converged,
+        "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(batch.labels),
+                                                   "power simulation label frequencies"),
+        "labels": dg.MetadataValue.md(batch.label_counts.to_markdown(index=False)),
+        "demo": view.embedded})
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -167,40 +99,16 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     record's power section. The embedded family's figures are a reduced demo, NOT the
     registered simulation."""
 
-    settings = protocol.settings()
     family_key = context.partition_key
-    family = settings.family(family_key)
-    directory = _power_dir(protocol) / family_key / run_key(settings, family_key, power_pilot_estimates)
-    labels = read_batches(directory)
-    t = PowerTargets.from_settings(settings)
-    demo = family.role == "embedded"
-    if demo:  # the reduced demo runs at its own frame count only
-        frames = settings.power.demo.frames
-        t = PowerTargets(**{**t.__dict__, "frames_start": frames, "frames_max": frames})
-    if labels.empty:
-        raise ValueError(f"no finished power batches under {directory}: materialise power_simulation for "
-                         f"family {family_key} first (a backfill over its batch partitions)")
-    decision = decide(labels, t, NOT_SIMULATED)
-    freq = label_frequencies(labels)
-    expected = len(batch_keys_of(settings, family_key))
-    section = {"demo": demo, "note": ("REDUCED DEMO SIMULATION, NOT the registered simulation: "
-                                      f"{settings.section('power')['demo']}") if demo else "",
-               "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
-               "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
-               "frame_parametrisation": frame_forms_record(settings.fitting.frame_parametrisation, labels),
-               "fits": int(len(labels)),
-               "batches_found": int(len(list(directory.glob('*.parquet')))), "batches_registered": expected,
-               **{k: v for k, v in decision.items() if k != "targets"},
-               "targets": decision["targets"],
-               "label_frequencies": freq.to_dict(orient="records")}
-    path = write_power_section(protocol.registration_dir, family_key, section)
-    table = pd.DataFrame(decision["targets"]).assign(family=family_key, demo=demo, power_json=str(path))
+    summary = simulation_steps.power_summary(registered(protocol.settings(), family_key), power_pilot_estimates,
+                                             protocol.output_path("power"), protocol.registration_dir)
+    decision, table = summary.decision, summary.table
     context.log.info(f"power gate {family_key}: {decision['status']}; frames {decision['frames']}; "
                      f"estimation-only {decision['estimation_only'] or 'none'}")
     shown = table[["target", "frames", "rate", "mcse", "n", "bound", "met", "note"]].copy()
     shown[["rate", "mcse"]] = shown[["rate", "mcse"]].round(3)
     return dg.Output(table, metadata={
-        "status": decision["status"], "frames": str(decision["frames"]), "demo (not registered)": demo,
+        "status": decision["status"], "frames": str(decision["frames"]), "demo (not registered)": summary.demo,
         "estimation-only": ", ".join(decision["estimation_only"]) or "none",
         "joint shortfall source": str(decision["joint_shortfall_source"]),
         "gates underpowered": decision["gates_underpowered"],
@@ -211,7 +119,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     "6.3: every registered target of the power simulation is met (a target whose component is "
     "not simulated counts as not met)."))
 def power_targets_met(power_summary: pd.DataFrame) -> dg.AssetCheckResult:
-    missed = power_summary[power_summary["met"] != True]  # noqa: E712 (None: not computable)
+    missed = simulation_steps.targets_missed(power_summary)
     frames = sorted(power_summary["frames"].unique())
     demo = bool(power_summary["demo"].iloc[0]) if len(power_summary) else False
     return dg.AssetCheckResult(

@@ -1,20 +1,15 @@
 """The Stage 1 registration record of one configuration (Appendix C step 4, D6)."""
 
-import json
-
 import dagster as dg
 import pandas as pd
 
-from fear_assets.lm.models import manifest_digest
-from fear_assets.stimuli.name_gate import selected_names
+from fear_assets.core.registered import registered
+from fear_assets.core.settings import depth_key
 from fear_assets.defs.modes import GATES_BLOCK
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
-from fear_assets.pilot.depth_rules import band_keys
-from fear_assets.registration.compose import compose_record, note_path, supplementary_note
-from fear_assets.registration.pilot_gates import final_selection, gates_table, registration_gates as gate_verdicts
-from fear_assets.registration.record import analysis_code_sha256, read_power_section, write_family_record
 from fear_assets.defs.resources.protocol import ProtocolResource
-from fear_assets.core.settings import depth_key
+from fear_assets.pilot.depth_rules import band_keys
+from fear_assets.registration import steps as registration_steps
 
 
 class RecordConfig(dg.Config):
@@ -25,12 +20,13 @@ class RecordConfig(dg.Config):
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "json"},
-          deps=[dg.AssetKey("power_summary")])  # 6.3: the power gate comes before registration
+          ins={"power_summary": dg.AssetIn()})  # 6.3: the power gate comes before registration
 def registration_record(context: dg.AssetExecutionContext, config: RecordConfig, protocol: ProtocolResource,
                         name_gate: pd.DataFrame,
                         model_manifest: pd.DataFrame, matched_frames: pd.DataFrame, zero_preference: pd.DataFrame,
                         binding_results: pd.DataFrame, report_scoring: pd.DataFrame, pilot_depths: pd.DataFrame,
-                        pilot_controls: pd.DataFrame, pilot_probe_controls: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+                        pilot_controls: pd.DataFrame, pilot_probe_controls: pd.DataFrame,
+                        power_summary: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The Stage 1 registration record (Appendix C step 4): "frozen hashes (bank, settings,
     model manifest, analysis code, supplementary note), selected names and frames, depth band
     and H5 depth, the pilot sigmas for gate (c) (frozen: 6.2), every gate's outcome with its
@@ -40,28 +36,13 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     mode registered only when every gate passes, the power gate included, else refused);
     the confirmatory trial table reads it as an asset input, so a re-registration marks
     the confirmatory design and everything after it stale."""
-    settings, bank = protocol.settings(), protocol.bank()
     family_key = context.partition_key
-    # Declarations, Appendix C step 4: a confirmatory run without the note is refused first.
-    note = supplementary_note(note_path(protocol.registration_dir, config.supplementary_note),
-                              settings.mode == "confirmatory")
-    frames, replacements, shortfall = final_selection(
-        matched_frames, binding_results, {i: bank.item(i).number for i in matched_frames["item_id"]},
-        settings.confirmatory_frames_per_fear(family_key), {r.rewrite_of: r.id for r in bank.rewrites})
-    # 6.3: the stored power result, written by power_summary (None until it has run).
-    power = read_power_section(protocol.registration_dir, family_key)
-    gates, binding_in_context = gate_verdicts(
-        name_gate, matched_frames, settings.matching, zero_preference, binding_results, report_scoring,
-        pilot_probe_controls, pilot_controls, frames, shortfall, power, family_key)
-    # The record's fields are composed in the hashed package (registration/compose.py).
-    hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
-              "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
-    record = compose_record(settings, family_key, hashes, selected_names(name_gate), frames, replacements,
-                            pilot_depths, pilot_controls, gates, binding_in_context, power, note,
-                            pilot_probe_controls)
+    result = registration_steps.registration_record(
+        registered(protocol.settings(), family_key), protocol.bank(), name_gate, model_manifest, matched_frames,
+        zero_preference, binding_results, report_scoring, pilot_depths, pilot_controls, pilot_probe_controls,
+        power_summary, protocol.registration_dir, config.supplementary_note)
+    record, path, table = result.record, result.path, result.table
     band = record["depth_band"]
-    path = write_family_record(protocol.registration_dir, record, settings.mode == "confirmatory")
-    table = gates_table(gates, family_key).assign(record_json=json.dumps(record, sort_keys=True), record_path=str(path))
     context.log.info(f"registration record ({record['status']}) written to {path}; failed gates: "
                      f"{', '.join(record['failed_gates']) or 'none'}")
     return dg.Output(table, metadata={
@@ -78,7 +59,7 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     "pilot passes (the record lists each with its numbers). Blocking in confirmatory mode; in pilot mode the "
     "failures travel with the analysis."))
 def registration_gates(registration_record: pd.DataFrame) -> dg.AssetCheckResult:
-    failed = registration_record[~registration_record["passed"].astype(bool)]
+    failed = registration_steps.failed_gates(registration_record)
     return dg.AssetCheckResult(
         passed=failed.empty,
         description="every gate passes" if failed.empty else "failed: " + "; ".join(
