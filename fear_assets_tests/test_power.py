@@ -223,7 +223,7 @@ def test_fitters_of_one_process_share_a_compiled_shape(settings, small):
     never under other baked-in priors; a Fitter without a cache of its own uses the process's."""
     from dataclasses import replace
 
-    from fear_assets.analysis import primary_model
+    from fear_assets.models import primary_model
 
     design, fitter = small
     est = _estimates()
