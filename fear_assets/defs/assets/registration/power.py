@@ -84,13 +84,13 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
         removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
         h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])),
                                 unmask_pilot(removed, assignment_key) if len(removed) else None)
-        h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
-                                int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
+        h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), s.draws, s.tune,
+                                s.chains, derived_seed(settings.master_seed, "power_pilot_h5", family_key) % 2**31)
         probe = unmask_pilot(pilot_probe_outputs[pilot_probe_outputs["frame_set"] == "pilot"], assignment_key)
         h4_table = h4_data(probe, sentence_surprisal, {i: bank.item(i).group for i in set(probe["item_id"])},
                            settings.neutral_partner_option)
-        h4 = h4_pilot_fit(h4_table, settings.fears, Priors.from_settings(settings), int(s["draws"]), int(s["tune"]),
-                          int(s["chains"]), derived_seed(settings.master_seed, "power_pilot_h4", family_key) % 2**31)
+        h4 = h4_pilot_fit(h4_table, settings.fears, Priors.from_settings(settings), s.draws, s.tune,
+                          s.chains, derived_seed(settings.master_seed, "power_pilot_h4", family_key) % 2**31)
         est = dataclasses.replace(est, h4=h4, h5=h5.as_dict())
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
                          "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"]}])
@@ -184,7 +184,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     freq = label_frequencies(labels)
     expected = len(batch_keys_of(settings, family_key))
     section = {"demo": demo, "note": ("REDUCED DEMO SIMULATION, NOT the registered simulation: "
-                                      f"{settings.section('power')['demo']}") if demo else "",
+                                      f"{settings.power.demo.as_written()}") if demo else "",
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
                "frame_parametrisation": frame_forms_record(settings.fitting.frame_parametrisation, labels),
