@@ -8,6 +8,7 @@ record. Nothing else in the package hard-codes a registered number.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -594,8 +595,10 @@ def _registered_blocks(path: Path, where: str, key: str, named, registered_block
     """Every block a list names is registered under ``design.blocks``."""
     unknown = [b for b in named if b not in registered_blocks]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], list(registered_blocks), n=1)
+        hint = f" (did you mean {close[0]!r} for {unknown[0]!r}?)" if close else ""
         raise SettingsError(path, where, key, f"unknown blocks {sorted(unknown)}",
-                            "name blocks registered under design.blocks")
+                            f"name blocks registered under design.blocks{hint}")
 
 
 def _band_fits_every_family(path: Path, rule: DepthBandRule, families: Mapping[str, Family]) -> None:
