@@ -9,13 +9,16 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from fear_assets.core.errors import SettingsError
+from fear_assets.core.hashing import sha256_obj
 from fear_assets.core.registered import registered
 from fear_assets.core.sections import SIMULATED_BLOCKS
 from fear_assets.core.settings import (REGISTERED_SETTINGS_PATH, SETTINGS_ENV, definition_layout, load_settings,
                                        settings_path)
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS
+from fear_assets.simulation.setup import sampler_of
 
 TEXT = REGISTERED_SETTINGS_PATH.read_text(encoding="utf-8")
 
@@ -86,8 +89,6 @@ def test_a_broken_field_names_file_item_field_and_fix(tmp_path, case, old, new, 
 def test_the_registered_file_loads_typed_with_its_hash_unchanged():
     settings = load_settings(REGISTERED_SETTINGS_PATH)
     # The hash is of the parsed mapping, as before the typed model (the frozen record compares it).
-    from fear_assets.core.hashing import sha256_obj
-    import yaml
     assert settings.sha256 == sha256_obj(yaml.safe_load(TEXT))
     assert settings.decision.rope == (-settings.decision.sesoi, settings.decision.sesoi)
     assert settings.design.option_rule.option_when_even == 1 and settings.design.option_rule.option_when_odd == 2
@@ -110,7 +111,6 @@ def test_the_simulated_blocks_are_the_generators():
 
 
 def test_the_power_sampler_is_typed_and_the_demos_for_the_embedded_family():
-    from fear_assets.simulation.setup import sampler_of
     settings = load_settings(REGISTERED_SETTINGS_PATH)
     assert sampler_of(settings, "smollm2-135m") == settings.power.demo.sampler
     assert sampler_of(settings, "qwen2.5-7b") == settings.sampler == registered(settings, "qwen2.5-7b").power_sampler
