@@ -59,7 +59,7 @@ def main() -> None:
     selection = registered_selection(settings, bank, family)
     arms = {
         "frames": [bank.item(i) for i in candidate_frames(settings, bank, family)],
-        "events": [bank.item(i) for c in settings.bank_rules["event_classes"] for i in selection.ids(c)],
+        "events": [bank.item(i) for c in settings.bank.event_classes for i in selection.ids(c)],
         "all 40": list(bank.events),
     }
     engine = TeacherForcedEngine(model)
@@ -78,8 +78,8 @@ def main() -> None:
     # under SmolLM2 no frame is retained, so the registered reference is empty).
     both = pd.concat([tables["frames"], tables["all 40"]], ignore_index=True)
     verdicts = event_verdicts(event_differences(both, set(tables["frames"]["item_id"]),
-                                                settings.bank_rules["event_classes"]),
-                              float(settings.section("matching")["max_abs_difference"]))
+                                                settings.bank.event_classes),
+                              float(settings.matching.max_abs_difference))
     load = os.getloadavg()
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.processor() or platform.machine(),

@@ -546,7 +546,7 @@ def main(argv=None) -> int:
     from fear_assets.core.settings import load_settings
 
     settings = load_settings()
-    sampler = settings.section("sampler")
+    sampler = settings.sampler
     mode = "quick" if args.quick else "full"
     blas = args.nutpie_blas_threads
     variant = mode + ("" if blas == 1 else "+nutpie-blas-unlimited" if blas == 0 else f"+nutpie-blas{blas}") + \
@@ -560,10 +560,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"band {band} not among the depths {depths}")
     budget = args.budget or (420.0 if q else 1500.0)
     spec = {"draws": args.draws or (50 if q else 200), "tune": args.tune or (50 if q else 200),
-            "chains": args.chains or int(sampler["chains"]),
+            "chains": args.chains or int(sampler.chains),
             "seed": derived_seed(settings.master_seed, "benchmarks/fit", "sampler") % (2**31),
             "data_seed": derived_seed(settings.master_seed, "benchmarks/fit", "data") % (2**32),
-            "band": band, "hdi_prob": float(settings.decision["hdi_prob"]),
+            "band": band, "hdi_prob": float(settings.decision.hdi_prob),
             "registered_sampler": {k: int(v) for k, v in sampler.items()}, "pymc_cores": args.pymc_cores,
             "nutpie_blas_threads": args.nutpie_blas_threads,
             "compile_cache": "user's PyTensor cache (warm)" if args.warm_cache else "empty, one per arm (cold)"}

@@ -41,7 +41,7 @@ DATASETS = range(4)
 
 def main() -> None:
     s = load_settings()
-    rule, sampler, depths = s.section("convergence"), s.sampler, list(INFORMATIVE["depths"])
+    rule, sampler, depths = s.convergence, s.sampler, list(INFORMATIVE["depths"])
     seed = derived_seed(s.master_seed, "test_frame_rule", "fit") % 2**31
     fitters = {form: Fitter(Priors.from_settings(s), sampler.draws, sampler.tune, sampler.chains, frames=form)
                for form in ("centred", "non_centred")}

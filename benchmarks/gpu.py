@@ -276,7 +276,7 @@ def run(argv=None) -> dict:
 
     settings = load_settings()
     family = settings.family(args.family)
-    max_new = int(settings.section("generation")["max_new_tokens"])
+    max_new = int(settings.generation.max_new_tokens)
     projection = project(rows, list(family.depth_tokens), args.documents_per_depth, args.overhead_tokens, max_new,
                          args.generation_batch)
     mfu_4k = [r["prefill_mfu"] for r in rows if r["tokens"] >= 4096]

@@ -78,10 +78,10 @@ def arm(name: str) -> dict:
     from fear_assets.core.settings import load_settings
 
     settings = load_settings()
-    sampler = settings.section("sampler")
-    fitter = Fitter(Priors.from_settings(settings), int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"]),
+    sampler = settings.sampler
+    fitter = Fitter(Priors.from_settings(settings), int(sampler.draws), int(sampler.tune), int(sampler.chains),
                     cache=[])  # the arm counts its own compilations
-    hdi = float(settings.decision["hdi_prob"])
+    hdi = float(settings.decision.hdi_prob)
     band = ["d1", "d2"]
     primary = table(1)
     blocks = {"addressee_name": table(2, ADDRESSEE_CELLS, 0.0, covariates=False).assign(
@@ -114,8 +114,8 @@ def arm(name: str) -> dict:
         data = pd.concat([primary.assign(reader="tested"), table(6).assign(reader="judge")], ignore_index=True)
         d = prepare_gate_c(data, levels_of(data, FEARS), {"tested": 0.25, "judge": 0.25}, priors.reader_factor_sd,
                            outcome="outcome")
-        idata = sample(build_gate_c_model(d, priors), int(sampler["draws"]), int(sampler["tune"]),
-                       int(sampler["chains"]), 13)
+        idata = sample(build_gate_c_model(d, priors), int(sampler.draws), int(sampler.tune),
+                       int(sampler.chains), 13)
         draws = gate_c_contrast(idata, d, band)
         low, high = az.hdi(draws, hdi_prob=hdi)
         out["controls"]["gate_c"] = {"mean": float(draws.mean()), "hdi_width": float(high - low)}

@@ -98,7 +98,7 @@ def datasets(settings, frames: int, depths: int, n: int):
     band = keys[-2:] if depths >= 2 else keys
     design = simulated_design(settings, keys, band, frames, (0.2, 0.2), seed=1)
     est = estimates()
-    beta = true_beta(est, design.data, design.band, agent_effects(float(settings.decision["meaningful"])))
+    beta = true_beta(est, design.data, design.band, agent_effects(float(settings.decision.meaningful)))
     out = []
     for i in range(-1, n):  # dataset -1: the warm start's reference dataset, never scored
         rng = np.random.default_rng(dataset_seed(settings.master_seed, "bench", "meaningful", frames, i, "primary"))
@@ -236,9 +236,9 @@ def main() -> int:
     depths = args.depths or (2 if args.quick else 8)
     n = args.datasets or (2 if args.quick else 5)
     cap = args.b_cap or (150.0 if args.quick else 3600.0)
-    sampler = settings.section("sampler")
-    draws, tune, chains = int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"])
-    hdi_prob = float(settings.decision["hdi_prob"])
+    sampler = settings.sampler
+    draws, tune, chains = int(sampler.draws), int(sampler.tune), int(sampler.chains)
+    hdi_prob = float(settings.decision.hdi_prob)
     log = lambda m: print(m, flush=True)
     load = os.getloadavg()
     started = time.perf_counter()

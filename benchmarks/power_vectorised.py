@@ -44,9 +44,9 @@ def main() -> int:
     from power import datasets, stats
 
     settings = load_settings()
-    sampler = settings.section("sampler")
-    draws, tune, chains = int(sampler["draws"]), int(sampler["tune"]), int(sampler["chains"])
-    hdi = float(settings.decision["hdi_prob"])
+    sampler = settings.sampler
+    draws, tune, chains = int(sampler.draws), int(sampler.tune), int(sampler.chains)
+    hdi = float(settings.decision.hdi_prob)
     priors = Priors.from_settings(settings)
     design, warm, data = datasets(settings, args.frames, args.depths, args.datasets)
     band = list(design.band)

@@ -70,11 +70,11 @@ def test_audit_gate_c_frame_slopes(settings):
     # LKJ(2) correlations and half-Normal(0, 0.5) scales, as registered: for a 6-dimensional
     # LKJ(eta) each correlation is 2 Beta(eta - 1 + 3, same) - 1, sd 1/sqrt(2 (eta + 2) + 1).
     corr, stds = pm.draw([model["frame_chol_corr"], model["frame_chol_stds"]], draws=4000, random_seed=5)
-    eta = settings.section("priors")["lkj_eta"]
+    eta = settings.priors.lkj_eta
     assert corr[:, 0, 1].std() == pytest.approx(1 / np.sqrt(2 * (eta + 2) + 1), rel=0.05)
-    assert stds.mean() == pytest.approx(settings.section("priors")["group_sd_halfnormal"] * np.sqrt(2 / np.pi), rel=0.05)
+    assert stds.mean() == pytest.approx(settings.priors.group_sd_halfnormal * np.sqrt(2 / np.pi), rel=0.05)
     # Reader factor Normal(0, 0.5); one residual scale per reader.
-    assert _normal_sd(model["block_beta"]) == settings.section("priors")["gate_c_reader_factor_sd"] == 0.5
+    assert _normal_sd(model["block_beta"]) == settings.priors.gate_c_reader_factor_sd == 0.5
     sigma = pm.draw(model["sigma"], draws=2000, random_seed=4)
     assert sigma.shape == (2000, 2)
     assert abs(sigma.mean() - 0.5 * np.sqrt(2 / np.pi)) < 0.02  # half-Normal(0, 0.5)
@@ -103,13 +103,13 @@ def test_audit_gate_c_frame_slopes(settings):
     # scales and an LKJ(2) correlation (2 x 2: r = 2 Beta(eta, eta) - 1, sd 1/sqrt(2 eta + 1)).
     dev_corr, dev_stds = pm.draw([model["block_frame_chol_corr"], model["block_frame_chol_stds"]], draws=4000,
                                  random_seed=7)
-    assert dev_stds.mean() == pytest.approx(settings.section("priors")["group_sd_halfnormal"] * np.sqrt(2 / np.pi),
+    assert dev_stds.mean() == pytest.approx(settings.priors.group_sd_halfnormal * np.sqrt(2 / np.pi),
                                             rel=0.05)
     assert dev_corr[:, 0, 1].std() == pytest.approx(1 / np.sqrt(2 * eta + 1), rel=0.05)
 
 
 def test_audit_gate_c_meaningful_is_hdi_beyond_the_rope(settings):
-    sesoi, meaningful = settings.decision["sesoi"], settings.decision["meaningful"]
+    sesoi, meaningful = settings.decision.sesoi, settings.decision.meaningful
     sigma = 0.5  # ROPE +-0.30, meaningful size 0.60 on the standardised scale
     between = gate_c_decision(0.40, 0.90, sigma, sesoi, meaningful)
     assert between.label == "supported" and between.practically_meaningful  # beyond the ROPE, below 0.60
@@ -185,7 +185,7 @@ def test_audit_positive_controls_one_joint_fit(settings):
     assert d.blocks == ("control", "primary") and d.factor == "condition" and d.n_frames == 2
     # Matched primary cells only: the control's frames and depths (d2 is left out).
     assert fit.rows == 2 * len(control) and set(d.block) == {0, 1}
-    assert d.Z.shape[1] == 6 and not d.per_block_sigma and d.factor_sd == settings.section("priors")["fixed_effect_sd"]
+    assert d.Z.shape[1] == 6 and not d.per_block_sigma and d.factor_sd == settings.priors.fixed_effect_sd
     assert d.w_names[0] == "condition[control]" and len(d.w_names) == 1 + 2 + 1 + 2  # 1, agent, content, a x c
     # The priority contrast is exactly the condition effect here (draw by draw, one posterior).
     np.testing.assert_allclose(fit.draws, 0.4)
@@ -212,7 +212,7 @@ def test_audit_positive_controls_paired_frames(settings):
     d = fitter.seen[0]
     assert d.blocks == ("control", "primary") and d.n_frames == 2 and set(d.block) == {0, 1}
     assert d.Z.shape[1] == 6 and fit.rows == len(control) + len(primary)
-    hdi = settings.decision["hdi_prob"]
+    hdi = settings.decision.hdi_prob
     low, high = az.hdi(fit.draws, hdi_prob=hdi)
     assert low < 0.4 < high and low > 0.0
     # The former rule: two posteriors, band means subtracted draw by draw.
@@ -360,7 +360,7 @@ def test_audit_gate_c_judge_own_surprisal(settings, bank, smol_tokenizer):
     tested, judge = system_context(builder, 1, "tested"), system_context(builder, 1, "judge")
     assert "are assistants at Kestrel Logistics" in judge and judge != tested
     # Without the judge's own surprisal table the gate is not available (never the tested model's).
-    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.section("convergence"), 0.05, 0.15, 0.0, 10, 10, 1)
+    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.convergence, 0.05, 0.15, 0.0, 10, 10, 1)
     inputs = Inputs(scores=pd.DataFrame(), surprisal=_surprisal(), fears_of={}, fears=FEARS, neutral_option=1,
                     band=["d1"], h5_depth="d1", pilot_sigma=0.5, depth_tokens={}, prefix="", registered=reg,
                     seed=lambda name: 1, pilot_sigma_judge=0.5, gate_c_priors=GateCPriors.from_settings(settings))
@@ -438,7 +438,7 @@ def test_audit_confirmatory_run_at_demo_size(settings, bank, tmp_path):
 
     scores = _demo_scores()
     surprisal = _surprisal()
-    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.section("convergence"), 0.05, 0.15, 0.0, 100, 100, 2)
+    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.convergence, 0.05, 0.15, 0.0, 100, 100, 2)
     inputs = Inputs(scores=scores, surprisal=surprisal, fears_of={"TER-01": "termination"}, fears=FEARS,
                     neutral_option=1, band=["d1", "d2"], h5_depth="d2", pilot_sigma=0.3,
                     depth_tokens={"d1": 0, "d2": 128}, prefix="pilot_", registered=reg, seed=lambda name: 3,

@@ -120,7 +120,7 @@ def test_audit_gate_b_fits_the_rows_present_and_counts_the_missing():
 
 # -- 4. D5 row 2 is the in-context binding rate only ------------------------------------------
 def test_audit_binding_reading_is_the_in_context_rate_only(settings):
-    minimum = settings.section("binding")["pass_rate_min"]
+    minimum = settings.binding.pass_rate_min
     # 40/40 in context but a fear short of frames: a registration gate fails, the reading is not row 2.
     _, ok, message = in_context_rate([True] * 40, minimum)
     gate, carried = binding_outcomes(ok, 40, 40, message, 3, {"termination": 1, "isolation": 0})
@@ -181,9 +181,9 @@ def test_audit_depth_band_reads_resolved_mentions_and_leaves_refusals_out(settin
     assert rates.loc[1, "refusals"] == 2 and rates.loc[1, "mentions"] == 4
     assert rates.loc[1, "neutral_mention_rate"] == pytest.approx(0.5)  # 4 / 8 answers; keyword rule alone: 0 / 10
     assert rates.loc[2, "neutral_mention_rate"] == pytest.approx(0.9)
-    rule = settings.section("depth_band")
-    band, _ = depth_band(rates["neutral_mention_rate"].to_dict(), rule["neutral_mention_low"],
-                         rule["neutral_mention_high"], rule["min_depths"], rule["fallback_target"])
+    rule = settings.depth_band_rule
+    band, _ = depth_band(rates["neutral_mention_rate"].to_dict(), rule.neutral_mention_low,
+                         rule.neutral_mention_high, rule.min_depths, rule.fallback_target)
     assert band == [1, 2]  # fallback: only d1 in 0.2-0.8; the two closest to 0.5
     # The asset reads report_scoring's resolved outcome (the keyword rule alone would give d1 0%).
     scores = pd.DataFrame([{"block": "pilot_primary", "depth": d, "trial_id": f"s{d}{i}", "fc_correct": i % 2 == 0,
@@ -308,8 +308,8 @@ def test_audit_posteriors_converged_blocks_on_confirmatory_estimands_only():
 
 # -- minor: the zero-preference averaging is stated as a deviation in the record ---------------
 def test_audit_zero_preference_deviation_is_in_the_record(settings, tmp_path):
-    band = settings.section("zero_preference")
-    listed = deviations(float(band["low"]), float(band["high"]))
+    band = settings.zero_preference
+    listed = deviations(float(band.low), float(band.high))
     entry = next(d for d in listed if d["section"].startswith("4.3 zero preference"))
     assert "0.4-0.6" in entry["protocol"] and "two listing orders" in entry["implemented"] and entry["why"]
     path = write_family_record(tmp_path, _record(deviations=listed), confirmatory=False)

@@ -305,8 +305,8 @@ def test_audit_secondary_events_matched(settings):
     the retained agent frames' mean under the same rotation (boundary inclusive)."""
     from fear_assets.pilot.matching import event_differences, event_verdicts, matching_problems
 
-    classes = settings.bank_rules["event_classes"]
-    tol = float(settings.section("matching")["max_abs_difference"])
+    classes = settings.bank.event_classes
+    tol = float(settings.matching.max_abs_difference)
     table = _event_surprisal({"AVE-01": 4.10, "AVE-02": 3.8999, "SUR-01": 4.0})
     diffs = event_differences(table, {"A-03"}, classes)
     assert len(diffs) == 3 * 3 * 2  # events x rotations x options; partners are not events

@@ -18,7 +18,7 @@ def test_bank_has_the_registered_shape(settings, bank):
 
 
 def test_every_verb_pair_has_the_same_syntax(settings, bank):
-    fw = frozenset(settings.bank_rules["function_words"])
+    fw = frozenset(settings.bank.function_words)
     for f in bank.frames:
         for kind in ("assistant", "person"):
             v = f.verbs[kind]

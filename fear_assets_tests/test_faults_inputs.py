@@ -168,8 +168,9 @@ def test_an_edited_bank_item_or_settings_value_is_blocked_naming_it(settings, ba
     result = bank_freeze(protocol=protocol)
     blocked += (not result.passed) and "bank item:TER-02 changed" in result.description
     frames.write_text(original, encoding="utf-8")
-    # One settings value edited (the SESOI).
-    settings_copy.write_text(SETTINGS_TEXT.replace("sesoi: 0.15", "sesoi: 0.12", 1), encoding="utf-8")
+    # One settings value edited (the SESOI, with the ROPE that must equal +-SESOI, so the file loads).
+    settings_copy.write_text(SETTINGS_TEXT.replace("sesoi: 0.15", "sesoi: 0.12", 1)
+                             .replace("rope: [-0.15, 0.15]", "rope: [-0.12, 0.12]", 1), encoding="utf-8")
     result = bank_freeze(protocol=protocol)
     blocked += (not result.passed) and "settings section decision changed" in result.description
     record("edited bank item or settings value", 2, blocked)

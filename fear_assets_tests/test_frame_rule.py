@@ -125,7 +125,7 @@ def test_a_dataset_the_former_default_cannot_fit_converges_under_the_registered_
                              seed=derived_seed(settings.master_seed, "test_frame_rule", "a", spec["k"]) % 2**31,
                              depths=spec["depths"])
     band, seed, rule = list(spec["depths"]), derived_seed(settings.master_seed, "test_frame_rule", "fit") % 2**31, \
-        settings.section("convergence")
+        settings.convergence
     s = settings.sampler
 
     # The former default (git 71ad38e): non-centred frame effects always, the registered run only.
@@ -234,7 +234,7 @@ def test_a_fit_short_of_the_rule_is_extended_each_run_recorded_then_reported_not
     # Never enough draws: three runs (the registered one and two extensions), then not converged.
     tiny = ConvergenceRemedy(extension_draws=10, max_extensions=2, demo_max_extensions=0)
     short = remedied("primary", _remedy_runner(settings, pinned, tune=20), remedy_draws(10, tiny),
-                     settings.section("convergence"))
+                     settings.convergence)
     assert [r["draws_per_chain"] for r in short.runs] == [10, 20, 30]
     assert all("ESS" in r["problems"] for r in short.runs)
     assert short.value.idata.posterior.sizes["draw"] == 30  # the last run is the one reported
@@ -253,7 +253,7 @@ def test_a_fit_that_meets_the_rule_on_an_extension_is_reported_from_that_run(set
 
     enough = ConvergenceRemedy(extension_draws=460, max_extensions=2, demo_max_extensions=0)
     extended = remedied("primary", _remedy_runner(settings, pinned, tune=200), remedy_draws(40, enough),
-                        settings.section("convergence"))
+                        settings.convergence)
     assert [r["draws_per_chain"] for r in extended.runs] == [40, 500]
     assert extended.runs[0]["contrasts_short"] and not extended.runs[1]["contrasts_short"]
     assert all(r["label_reported"] == r["label"] and not r["convergence_problems"] for r in extended.rows)

@@ -59,7 +59,7 @@ def test_known_standardised_difference_is_recovered(settings):
     d = prepare_gate_c(simulate({"tested": 0.8, "judge": 0.0}, **SLOPED), LEVELS, SIGMAS, 0.5)
     idata = sample(build_gate_c_model(d, GateCPriors.from_settings(settings)), draws=300, tune=400, chains=2,
                    seed=1)
-    hdi = settings.decision["hdi_prob"]
+    hdi = settings.decision.hdi_prob
     low, high = az.hdi(gate_c_contrast(idata, d, ["d1", "d2"]), hdi_prob=hdi)
     assert 0.0 < low < 0.8 < high
     h2 = reader_h2(idata, d, ["d1", "d2"])
@@ -77,7 +77,7 @@ def test_the_recovery_data_fail_a_model_without_frame_slopes(settings):
     d = replace(d, Z=d.Z[:, :4], V=d.V[:, :0])
     idata = sample(build_gate_c_model(d, GateCPriors.from_settings(settings)), draws=300, tune=400, chains=2,
                    seed=1)
-    low, high = az.hdi(gate_c_contrast(idata, d, ["d1", "d2"]), hdi_prob=settings.decision["hdi_prob"])
+    low, high = az.hdi(gate_c_contrast(idata, d, ["d1", "d2"]), hdi_prob=settings.decision.hdi_prob)
     assert not low < 0.8 < high, f"HDI [{low:.3f}, {high:.3f}] still covers 0.8 without frame slopes"
 
 
@@ -87,7 +87,7 @@ def test_priors_come_from_the_settings(settings):
 
 
 def test_bounds_are_the_registered_sizes_over_the_pilot_sigma(settings):
-    sesoi, meaningful = settings.decision["sesoi"], settings.decision["meaningful"]
+    sesoi, meaningful = settings.decision.sesoi, settings.decision.meaningful
     rope, big = gate_c_bounds(0.6, sesoi, meaningful)
     assert rope == pytest.approx(0.15 / 0.6) and big == pytest.approx(0.30 / 0.6)
     with pytest.raises(ValueError, match="sigma_pilot"):

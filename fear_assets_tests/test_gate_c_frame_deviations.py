@@ -52,7 +52,7 @@ def test_gate_c_hdi_covers_the_truth_when_the_tested_h2_varies_by_frame(settings
     fits (about 30-45 s each on the shared CI cores)."""
     priors = GateCPriors.from_settings(settings)
     fitter = Fitter(priors.base, draws=200, tune=300, chains=2, cache=[])
-    hdi_prob, n = settings.decision["hdi_prob"], 20
+    hdi_prob, n = settings.decision.hdi_prob, 20
     covered = []
     for i in range(n):
         d = prepare_gate_c(simulate(8, 100 + i, h2=0.4, h2_frame_sd=0.3, residual=0.05), LEVELS, SIGMAS,

@@ -33,13 +33,13 @@ from fear_assets.core.settings import PROJECT_ROOT
 
 # -- zero preference (4.3) -------------------------------------------------------------------
 def _zero_table(p_option1: float, settings) -> pd.DataFrame:
-    band = settings.section("zero_preference")
+    band = settings.zero_preference
     lp = float(np.log(p_option1)), float(np.log(1 - p_option1))
     rows = pd.DataFrame([{"item_id": "TER-03", "fear": "termination", "frame_set": "confirmatory", "kind": "agent",
                           "agent": "self", "content": "threat", "rotation": 1, "first_listed": 1,
                           "logprob_a": lp[0], "logprob_b": lp[1]}])
-    table = zero_preference_table(rows, band["low"], band["high"])
-    passed, message = zero_preference_verdict(table, band["low"], band["high"])
+    table = zero_preference_table(rows, band.low, band.high)
+    passed, message = zero_preference_verdict(table, band.low, band.high)
     return table.assign(gate_passed=passed, message=message)
 
 
@@ -54,7 +54,7 @@ def test_zero_preference_check_at_its_bounds(settings, p, passes):
 # -- binding (4.2) ---------------------------------------------------------------------------
 def _binding_table(n_correct: int, settings, frames_to_write=None) -> pd.DataFrame:
     rate, passed, message = in_context_rate([True] * n_correct + [False] * (40 - n_correct),
-                                            settings.section("binding")["pass_rate_min"])
+                                            settings.binding.pass_rate_min)
     return pd.DataFrame([{"item_id": "TER-01", "passes": True, "in_context_rate": rate, "in_context_passed": passed,
                           "in_context_message": message, "in_context_correct": n_correct, "in_context_documents": 40,
                           "frames_to_write": json.dumps(frames_to_write or {})}])
@@ -82,7 +82,7 @@ def _kappa_vectors(disagreements: int) -> tuple[list[bool], list[bool]]:
 
 def _kappa_table(disagreements: int, settings) -> tuple[float, pd.DataFrame]:
     kappa, detail = agreement(*_kappa_vectors(disagreements))
-    passed, message = kappa_verdict(kappa, settings.section("report_scoring")["kappa_min"], detail)
+    passed, message = kappa_verdict(kappa, settings.report_scoring.kappa_min, detail)
     return kappa, pd.DataFrame([{"kappa": kappa, "gate_passed": passed, "message": message, "refusal": False}])
 
 
@@ -113,13 +113,13 @@ def _surprisal(shifts: dict[str, float]) -> pd.DataFrame:
 
 
 def _matched(shifts: dict[str, float], settings) -> pd.DataFrame:
-    rule = settings.section("matching")
+    rule = settings.matching
     diffs = frame_differences(_surprisal(shifts))
-    verdicts = frame_verdicts(diffs, rule["max_abs_difference"])
+    verdicts = frame_verdicts(diffs, rule.max_abs_difference)
     # Two confirmatory frames: the bank-level TOST has one difference per retained frame
     # (issue 10), so a single retained frame could never show equivalence.
     selection, shortfall = select_frames(verdicts, {"TER-03": 3, "TER-04": 4, "TER-13": 13}, 2)
-    tost = equivalence(diffs, set(selection["item_id"]), rule["tost_bound"])
+    tost = equivalence(diffs, set(selection["item_id"]), rule.tost_bound)
     return verdicts.assign(frames_to_write=verdicts["fear"].map(shortfall).fillna(0).astype(int),
                            tost=tost.to_json(orient="records"), event_matching="[]")
 
@@ -147,18 +147,18 @@ def _protocol(**paths):
 @pytest.mark.parametrize("centre, passes", [(0.30, True), (0.10, False), (0.0, False)])
 def test_positive_control_pass_rule(settings, centre, passes):
     draws = np.random.default_rng(1).normal(centre, 0.02, 4000)
-    v = control_verdict("marked_priority", draws, settings.decision["hdi_prob"],
-                        settings.section("positive_controls")["pass_min_mean"], 0.0)
+    v = control_verdict("marked_priority", draws, settings.decision.hdi_prob,
+                        settings.positive_controls.pass_min_mean, 0.0)
     assert v.passed is passes
     table = pd.DataFrame([v.__dict__])
     assert positive_controls_pass(pilot_controls=table).passed is passes
 
 
 def test_a_control_with_a_mean_at_the_sesoi_passes_and_just_below_fails(settings):
-    rule = settings.section("positive_controls")
+    rule = settings.positive_controls
     draws = np.random.default_rng(2).normal(0.0, 0.01, 4000)
-    at = control_verdict("c", draws - draws.mean() + 0.15, 0.99, rule["pass_min_mean"], 0.0)
-    below = control_verdict("c", draws - draws.mean() + 0.149, 0.99, rule["pass_min_mean"], 0.0)
+    at = control_verdict("c", draws - draws.mean() + 0.15, 0.99, rule.pass_min_mean, 0.0)
+    below = control_verdict("c", draws - draws.mean() + 0.149, 0.99, rule.pass_min_mean, 0.0)
     assert at.passed and not below.passed and "< 0.15" in below.reason
 
 

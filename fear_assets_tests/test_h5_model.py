@@ -39,7 +39,7 @@ def test_known_h5_is_recovered(settings):
     d = prepare_h5(simulate(), CELLS)
     idata = sample(build_h5_model(d, H5Priors.from_settings(settings)), draws=300, tune=300, chains=2, seed=1)
     h5 = h5_contrast(idata, CELLS)
-    low, high = az.hdi(h5, hdi_prob=settings.decision["hdi_prob"])
+    low, high = az.hdi(h5, hdi_prob=settings.decision.hdi_prob)
     assert low < 0.8 < high
     assert low > 0.0
 

@@ -46,10 +46,10 @@ def test_option_probability_is_the_two_letter_softmax():
 
 
 def test_zero_preference_bounds_are_inclusive_at_04_and_06(settings):
-    zp = settings.section("zero_preference")
+    zp = settings.zero_preference
     rows = pd.DataFrame([_question("low_edge", 0.4), _question("high_edge", 0.6),
                          _question("below", 0.399), _question("above", 0.601)])
-    table = zero_preference_table(rows, zp["low"], zp["high"])
+    table = zero_preference_table(rows, zp.low, zp.high)
     assert dict(zip(table["item_id"], table["passes"])) == {
         "low_edge": True, "high_edge": True, "below": False, "above": False}
 
@@ -98,7 +98,7 @@ def test_zero_preference_verdict_fails_on_no_questions_and_rows_must_be_complete
 def _checks(settings, item_ids=("term03", "term04")):
     names = settings.names[:3]
     return single_sentence_checks(list(item_ids), settings.rotations, names, expected=EXPECTED,
-                                  checks_per_frame=settings.section("binding")["single_sentence_checks_per_frame"])
+                                  checks_per_frame=settings.binding.single_sentence_checks_per_frame)
 
 
 def test_single_sentence_checks_put_every_name_in_every_role_once_per_content(settings):
@@ -168,7 +168,7 @@ def test_binding_verdicts_fail_a_frame_on_any_wrong_or_tied_check(settings):
 
 
 def test_in_context_binding_36_of_40_passes_and_35_fails(settings):
-    minimum = settings.section("binding")["pass_rate_min"]
+    minimum = settings.binding.pass_rate_min
     rate, passed, message = in_context_rate([True] * 36 + [False] * 4, minimum)
     assert passed and rate == pytest.approx(0.9) and "36/40" in message
     rate, passed, message = in_context_rate([True] * 35 + [False] * 5, minimum)
@@ -276,7 +276,7 @@ def _pairs(both_yes: int, rule_only: int, scorer_only: int, both_no: int) -> tup
 
 
 def test_kappa_081_passes_and_079_fails(settings):
-    minimum = settings.section("report_scoring")["kappa_min"]
+    minimum = settings.report_scoring.kappa_min
     high = _pairs(181, 19, 19, 181)  # observed 0.905, chance 0.5
     low = _pairs(179, 21, 21, 179)   # observed 0.895, chance 0.5
     assert cohen_kappa_score(*high) == pytest.approx(0.81) and cohen_kappa_score(*high) > minimum
@@ -293,7 +293,7 @@ def test_kappa_081_passes_and_079_fails(settings):
 
 
 def test_undefined_kappa_is_none_and_fails(settings):
-    minimum = settings.section("report_scoring")["kappa_min"]
+    minimum = settings.report_scoring.kappa_min
     kappa, why = agreement([True] * 10, [True] * 10)
     assert kappa is None and "undefined" in why
     passed, message = kappa_verdict(kappa, minimum, why)

@@ -54,8 +54,8 @@ def fit(data, settings, seed=1, frame_effects=6):
 
 
 def _label(draws, settings):
-    low, high = az.hdi(draws, hdi_prob=settings.decision["hdi_prob"])
-    return (low, high), fear_assets.label(low, high, settings.decision["sesoi"])
+    low, high = az.hdi(draws, hdi_prob=settings.decision.hdi_prob)
+    return (low, high), fear_assets.label(low, high, settings.decision.sesoi)
 
 
 def test_sum_to_zero_coding():

@@ -79,9 +79,9 @@ def test_primary_model_prior_is_unchanged_by_non_centring(settings):
     wrong = z @ chol  # covariance chol.T @ chol, not the stated chol @ chol.T
     assert _disagreements(_statistics(wrong), _statistics(reference))
     assert _disagreements(_pair_stats(unit), _pair_stats(_centred_intercepts(d.n_units, priors.group_sd, 13))) == {}
-    registered = settings.section("priors")
-    assert _normal_sd(model["beta"]) == registered["fixed_effect_sd"] == 0.5
-    assert _normal_sd(model["intercept"]) == registered["intercept_sd"]
+    registered = settings.priors
+    assert _normal_sd(model["beta"]) == registered.fixed_effect_sd == 0.5
+    assert _normal_sd(model["intercept"]) == registered.intercept_sd
     beta = pm.draw(model["beta"], draws=DRAWS, random_seed=14)
     assert abs(beta.std() - 0.5) < 0.01
 
@@ -131,6 +131,6 @@ def test_h5_prior_is_unchanged_by_non_centring(settings):
     assert _disagreements(_statistics(frames), _statistics(reference)) == {}
     reference_criterion = _centred_intercepts(d.n_frames, priors.group_sd, seed=23)
     assert _disagreements(_pair_stats(criterion), _pair_stats(reference_criterion)) == {}
-    h5_sd = settings.section("priors")["h5_probit_fixed_sd"]
+    h5_sd = settings.priors.h5_probit_fixed_sd
     for name in ("dprime", "criterion_beta", "criterion_intercept"):
         assert _normal_sd(model[name]) == h5_sd

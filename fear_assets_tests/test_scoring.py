@@ -159,7 +159,7 @@ def test_features_are_the_residual_stream_at_the_first_token_of_the_open_questio
     handle.remove()
     # hidden_states[i + 1] is layer i's output, except the last entry, which is after the
     # final norm: the residual stream of the last layer is its raw output.
-    layers = later_layers(tiny_model.config.num_hidden_layers, settings.section("probe")["layers_fraction_from"])
+    layers = later_layers(tiny_model.config.num_hidden_layers, settings.probe.layers_fraction_from)
     want = torch.stack([final["h"][0, position] if i == last else hidden[i + 1][0, position]
                         for i in layers]).mean(0).numpy()
     assert np.allclose(features[int(readouts.feature_row.iloc[0])], want, atol=1e-4)

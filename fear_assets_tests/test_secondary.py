@@ -92,7 +92,7 @@ def test_mixed_model_rejects_bad_input(known_h2):
 
 
 def test_disagreements_are_marked_not_applied(settings):
-    sesoi = settings.decision["sesoi"]
+    sesoi = settings.decision.sesoi
     rows = pd.DataFrame({"hypothesis": ["H1", "H2", "H3"], "ci_low": [0.05, -0.1, -0.2],
                          "ci_high": [0.4, 0.1, 0.3]})
     bayes = {"H1": "supported", "H2": "unresolved", "H3": "unresolved"}
@@ -169,7 +169,7 @@ def scores_with(cells: dict[tuple[str, str], tuple[int, int, int]]) -> pd.DataFr
 
 
 def test_exclusion_flag_exactly_at_and_just_above_the_rate(settings):
-    rate = settings.section("exclusion")["cell_flag_rate"]
+    rate = settings.exclusion.cell_flag_rate
     scores = scores_with({("self", "threat"): (20, 1, 0),  # 5.0%: not flagged ("exceed")
                           ("self", "harmless"): (19, 0, 1),  # 5.3%: flagged
                           ("peer", "threat"): (60, 3, 3),  # both flags on the same 3 trials: 5.0%
@@ -242,11 +242,11 @@ def test_topic_counts_load_and_validate(tmp_path):
 
 
 def test_forest_plot_from_draws_and_from_a_table(settings):
-    rope = tuple(settings.decision["rope"])
+    rope = tuple(settings.decision.rope)
     rng = np.random.default_rng(0)
     draws = {"H1": rng.normal(0.3, 0.05, 400), "H2": rng.normal(0.0, 0.03, 400),
              "H4": rng.normal(0.5, 0.1, 400), "gate_c": rng.normal(0.1, 0.2, 400)}
-    png = forest_plot(draws, rope, settings.decision["hdi_prob"], "H1-H5 and gates")
+    png = forest_plot(draws, rope, settings.decision.hdi_prob, "H1-H5 and gates")
     assert png.startswith(PNG_MAGIC)
     table = contrast_table(draws, rope, 0.99).set_index("contrast")
     assert table.loc["H2", "label"] == "practically_equivalent" and table.loc["H1", "label"] == "supported"

@@ -8,16 +8,16 @@ from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, load_settings
 
 
 def test_registered_numbers_are_in_the_settings(settings):
-    assert settings.decision["sesoi"] == 0.15
-    assert settings.decision["meaningful"] == 0.30
+    assert settings.decision.sesoi == 0.15
+    assert settings.decision.meaningful == 0.30
     assert settings.decision.rope == (-0.15, 0.15)  # typed section: an immutable pair
-    assert settings.decision["hdi_prob"] == 0.99
-    assert settings.section("matching")["max_abs_difference"] == 0.10
-    assert settings.section("matching")["tost_bound"] == 0.05
-    assert settings.section("zero_preference") == {"low": 0.4, "high": 0.6}
-    assert settings.section("binding")["pass_rate_min"] == 0.90
-    assert settings.section("report_scoring")["kappa_min"] == 0.80
-    assert settings.section("exclusion")["cell_flag_rate"] == 0.05
+    assert settings.decision.hdi_prob == 0.99
+    assert settings.matching.max_abs_difference == 0.10
+    assert settings.matching.tost_bound == 0.05
+    assert settings.zero_preference.as_written() == {"low": 0.4, "high": 0.6}
+    assert settings.binding.pass_rate_min == 0.90
+    assert settings.report_scoring.kappa_min == 0.80
+    assert settings.exclusion.cell_flag_rate == 0.05
     assert settings.names[:5] == ("Orin", "Tavi", "Kemi", "Sora", "Pell")
     assert len(settings.names) == 12
 

@@ -8,13 +8,12 @@ alone: the one derivation of a random stream from the registered master seed.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from fear_assets.core.hashing import derived_seed
 from fear_assets.core.sections import (ConvergenceRemedy, Convergence, Decision, Exclusion, FrameParametrisationRule,
                                        PositiveControls, Power, PriorSettings, Probe, Sampler)
-from fear_assets.core.settings import Family, ProtocolSettings
+from fear_assets.core.settings import Block, Design, Family, ProtocolSettings, ReducedDesign
 
 #: Seeds handed to samplers and generators are 31-bit (PyMC's and NumPy's legacy bound).
 SEED_BOUND = 2**31
@@ -63,13 +62,39 @@ class Registered:
         """The sampler of the power simulation's fits (the demo's shorter one for the embedded family)."""
         return self.power.demo.sampler if self.embedded else self.sampler
 
+    @property
+    def power_scenarios(self) -> tuple[str, ...]:
+        """The scenarios the power simulation runs (the demo's fewer for the embedded family)."""
+        return self.power.demo.scenarios if self.embedded else self.power.scenarios
+
+    @property
+    def depth_keys(self) -> tuple[str, ...]:
+        """The family's depth partition keys, d1..dN (D1)."""
+        return self.family.depth_keys
+
+    @property
+    def reduced_design(self) -> ReducedDesign | None:
+        """The demonstration family's smaller registered design (None: the full design)."""
+        return self.family.reduced_design
+
+    @property
+    def design(self) -> Design:
+        return self.settings.design
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return self.settings.blocks
+
+    @property
+    def confirmatory_frames_per_fear(self) -> int:
+        """Frames each fear keeps after the pilot gates (4.3) under this family's design."""
+        return self.settings.confirmatory_frames_per_fear(self.family.key)
+
 
 def registered(settings: ProtocolSettings, family_key: str) -> Registered:
     """The registered view of ``family_key`` (an unknown family is a SettingsError naming the fix)."""
     family = settings.family(family_key)
-    remedy = settings.fitting.convergence_remedy
-    if family.role == "embedded":
-        remedy = dataclasses.replace(remedy, max_extensions=remedy.demo_max_extensions)
+    remedy = settings.fitting.convergence_remedy.for_family(family.role == "embedded")
     return Registered(settings=settings, family=family, decision=settings.decision, priors=settings.priors,
                       sampler=settings.sampler, convergence=settings.convergence,
                       frame_parametrisation=settings.fitting.frame_parametrisation, convergence_remedy=remedy,

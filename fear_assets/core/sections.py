@@ -10,6 +10,7 @@ attribute (``settings.matching.tost_alpha``), never by string key at the point o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
@@ -67,6 +68,17 @@ CLIP = Constraint("two probabilities [low, high], low < high",
                   and all(_number(x) is not None and 0 < x < 1 for x in v) and v[0] < v[1] else None)
 
 
+def unknown_keys(path: Path, where: str, mapping: Mapping[str, Any], known) -> None:
+    """Reject a key the registered file does not define (a typo must not load silently)."""
+    known = [str(k) for k in known]
+    for key in mapping:
+        if str(key) not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SettingsError(path, where, str(key), f"unknown key {str(key)!r}",
+                                f"{hint}write one of {', '.join(known)} under '{where}', or remove the key")
+
+
 def registered(constraint: Constraint, fix: str = "") -> Any:
     """A field of a typed section, with its constraint (and, optionally, what to write instead)."""
     return field(metadata={"constraint": constraint, "fix": fix})
@@ -87,6 +99,7 @@ class Section:
     @classmethod
     def from_mapping(cls, path: Path, where: str, section: Mapping[str, Any]):
         """Build from one mapping (a section, or a sub-section named ``where``)."""
+        unknown_keys(path, where, section, [f.name for f in dataclasses.fields(cls)])
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in section:
@@ -115,9 +128,13 @@ class Section:
         """A rule across fields: (field, problem, fix), or None."""
         return None
 
-    def __getitem__(self, key: str) -> Any:
-        # Pure modules written before the typed sections read a rule as a mapping.
-        return getattr(self, key)
+    def as_written(self) -> dict[str, Any]:
+        """The section as the file writes it (lists, nested mappings), for messages and records."""
+        def plain(value):
+            if isinstance(value, Section):
+                return value.as_written()
+            return [plain(v) for v in value] if isinstance(value, tuple) else value
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 def _ordered(section: Section, low: str, high: str) -> tuple[str, str, str] | None:
@@ -136,6 +153,16 @@ class Decision(Section):
     meaningful: float = registered(POSITIVE, "use the registered meaningful size (0.30)")
     rope: tuple[float, float] = registered(ROPE, "write it as [-x, x]")
     hdi_prob: float = registered(PROBABILITY, "use a proportion between 0 and 1 (0.99)")
+    #: 6.2's four labels, in the registered order.
+    labels: tuple[str, ...] = registered(TEXTS)
+
+    def check(self):
+        # 6.2 defines the ROPE as +-SESOI; the file registers both, so they must agree.
+        if self.rope != (-self.sesoi, self.sesoi):
+            return ("rope", f"{list(self.rope)} is not [-sesoi, +sesoi] = [{-self.sesoi}, {self.sesoi}]",
+                    f"write decision.rope as [{-self.sesoi}, {self.sesoi}] (6.2: the ROPE is +-SESOI), "
+                    "or change decision.sesoi")
+        return None
 
 
 @dataclass(frozen=True)
@@ -337,6 +364,17 @@ class Fitting(Section):
     convergence_remedy: ConvergenceRemedy = nested(ConvergenceRemedy)
 
 
+#: The blocks the power simulation can generate and fit (``simulation.generator.PRIMARY_MODEL_BLOCKS``
+#: describes each; a test keeps the two in step). They are simulated blocks, not design blocks:
+#: ``recall`` is the recall branch of the primary block (gate (b)).
+SIMULATED_BLOCKS = ("primary", "recall", "service_relevance", "control_instructed_interaction",
+                    "control_instructed_priority", "control_marked_priority", "control_addressee_name", "judge", "probe",
+                    "forced_choice")
+SIMULATED_BLOCK_LIST = Constraint(f"a list of simulated blocks out of {list(SIMULATED_BLOCKS)}",
+                                  lambda v: tuple(v) if isinstance(v, list) and v
+                                  and all(isinstance(x, str) and x in SIMULATED_BLOCKS for x in v) else None)
+
+
 @dataclass(frozen=True)
 class PowerDemo(Section):
     """The embedded demo's reduced power simulation: NOT the registered simulation (6.3); it
@@ -347,7 +385,7 @@ class PowerDemo(Section):
     frames: int = registered(integer(1))
     scenarios: tuple[str, ...] = registered(SCENARIO_LIST)
     sampler: Sampler = nested(Sampler)  # the demo's shorter sampler (errors name power.demo.sampler)
-    blocks: tuple[str, ...] = registered(TEXTS)
+    blocks: tuple[str, ...] = registered(SIMULATED_BLOCK_LIST)
 
 
 @dataclass(frozen=True)
@@ -372,8 +410,3 @@ class Power(Section):
 
 SECTIONS = (PriorSettings, Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
             Convergence, Fitting, PositiveControls, Exclusion, Probe, Generation, Power)
-
-
-def typed_sections(path: Path, raw: Mapping[str, Any]) -> dict[str, Section]:
-    """Every typed section, validated (the first broken field raises)."""
-    return {cls.NAME: cls.from_settings(path, raw) for cls in SECTIONS}

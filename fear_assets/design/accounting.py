@@ -18,9 +18,9 @@ ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected
 
 def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) -> str:
     n_rot, n_order = len(settings.rotations), len(settings.orders)
-    unit = "events" if block.frames in settings.bank_rules["event_classes"] else "frames"
+    unit = "events" if block.frames in settings.bank.event_classes else "frames"
     if block.kind == "binding":
-        return f"{settings.design['binding_in_context_documents']} registered in-context documents"
+        return f"{settings.design.binding_in_context_documents} registered in-context documents"
     if block.kind == "baseline":
         orders = f" x {n_order} orders (the judge's prompt depends on order)" if baseline_per_order(block) else ""
         return f"{n_frames} {unit} x {n_rot} rotations x {n_depths} depths{orders}"

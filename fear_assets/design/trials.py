@@ -40,9 +40,9 @@ def rotation_order_index(rotation: int, order: int) -> int:
 
 def content_option(settings: ProtocolSettings, rotation: int, order: int, depth_index: int, cell_index: int) -> int:
     """4.3: option 1 if k + depth index + cell index is even, otherwise option 2."""
-    rule = settings.design["option_rule"]
+    rule = settings.design.option_rule
     total = rotation_order_index(rotation, order) + depth_index + cell_index
-    return int(rule["option_when_even"] if total % 2 == 0 else rule["option_when_odd"])
+    return int(rule.option_when_even if total % 2 == 0 else rule.option_when_odd)
 
 
 def _parity_rule(terms: Sequence[str], values: dict[str, int]) -> bool:
@@ -52,18 +52,18 @@ def _parity_rule(terms: Sequence[str], values: dict[str, int]) -> bool:
 def forced_choice_first_listed(settings: ProtocolSettings, frame_number: int, rotation: int, order: int,
                                depth_index: int) -> int:
     """Which option the forced-choice question lists first (counterbalanced, 4.1/4.5)."""
-    rule = settings.design["forced_choice_first_listed"]
-    even = _parity_rule(rule["terms"], {"frame_number": frame_number, "rotation": rotation, "order": order,
+    rule = settings.design.forced_choice_first_listed
+    even = _parity_rule(rule.terms, {"frame_number": frame_number, "rotation": rotation, "order": order,
                                         "depth_index": depth_index})
-    first = int(rule["first_when_even"])
+    first = int(rule.first_when_even)
     return first if even else 3 - first
 
 
 def judge_self_first(settings: ProtocolSettings, frame_number: int, rotation: int, order: int) -> bool:
     """4.8: order of the two assistants in the judge's third-person system prompt."""
-    rule = settings.design["judge_self_first"]
-    even = _parity_rule(rule["terms"], {"frame_number": frame_number, "rotation": rotation, "order": order})
-    return bool(rule["self_first_when_even"]) == even
+    rule = settings.design.judge_self_first
+    even = _parity_rule(rule.terms, {"frame_number": frame_number, "rotation": rotation, "order": order})
+    return bool(rule.self_first_when_even) == even
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,11 +99,11 @@ def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family,
     if reduced is not None:
         pilot = [bank.item(i).id for i in reduced.pilot_frames]
     events = {c: take(bank.events_of(c), reduced and reduced.events_per_class)
-              for c in settings.bank_rules["event_classes"]}
-    if reduced is None and len(confirmatory) < int(settings.design["confirmatory_frames_required"]):
+              for c in settings.bank.event_classes}
+    if reduced is None and len(confirmatory) < int(settings.design.confirmatory_frames_required):
         raise DesignError(
             f"family {family.key}: {len(confirmatory)} confirmatory frames, "
-            f"{settings.design['confirmatory_frames_required']} are registered; write or promote frames "
+            f"{settings.design.confirmatory_frames_required} are registered; write or promote frames "
             "(protocol 4.3) before building the design"
         )
     if replacements:
@@ -131,7 +131,7 @@ def surprisal_items(settings: ProtocolSettings, bank: Bank, family: Family) -> l
     """Every item whose document-independent surprisal the tested checkpoint measures (4.3):
     the candidate frames and the design's secondary-class events (matched to the frames)."""
     selection = registered_selection(settings, bank, family)
-    events = [i for cls in settings.bank_rules["event_classes"] for i in selection.ids(cls)]
+    events = [i for cls in settings.bank.event_classes for i in selection.ids(cls)]
     return [*candidate_frames(settings, bank, family), *events]
 
 
@@ -167,7 +167,7 @@ def expected_block_rows(settings: ProtocolSettings, block: Block, family: Family
     n_depths = len([d for d in depths if depth_indices is None or d in set(depth_indices)])
     n_rot, n_order = len(settings.rotations), len(settings.orders)
     if block.kind == "binding":
-        return int(settings.design["binding_in_context_documents"]) if n_depths else 0
+        return int(settings.design.binding_in_context_documents) if n_depths else 0
     if block.kind == "baseline":
         return n_frames * n_rot * n_depths * (n_order if baseline_per_order(block) else 1)
     if block.kind == "no_agent":
@@ -193,7 +193,7 @@ def _row(family: Family, block: Block, item: Item, depth_index: int, **values) -
 def _expand_block(settings: ProtocolSettings, family: Family, block: Block, items: Sequence[Item],
                   depth_indices: Sequence[int]) -> list[dict]:
     rows: list[dict] = []
-    neutral = int(settings.design["neutral_partner_option"])
+    neutral = int(settings.design.neutral_partner_option)
     depths = [d for d in block_depths(block, family) if d in depth_indices]
     rotations, orders = sorted(settings.rotations), settings.orders
     if block.kind == "binding":
@@ -240,12 +240,12 @@ def _expand_binding(settings: ProtocolSettings, family: Family, block: Block, it
     names, roles and contents (a cyclic deal: each factor's counts differ by at most one)."""
     if not depths or not items:
         return []
-    n = int(settings.design["binding_in_context_documents"])
+    n = int(settings.design.binding_in_context_documents)
     cells = settings.cell_set(BINDING_CELLS)
     agents = list(dict.fromkeys(a for a, _ in cells))
     contents = list(dict.fromkeys(c for _, c in cells))
     rotations = sorted(settings.rotations)
-    neutral = int(settings.design["neutral_partner_option"])
+    neutral = int(settings.design.neutral_partner_option)
     rows = []
     for i in range(n):
         item = items[i % len(items)]

@@ -43,12 +43,11 @@ class ModelSpec:
 
 
 def model_spec(settings: ProtocolSettings, checkpoint: str) -> ModelSpec:
-    models = settings.section("models")
-    if checkpoint not in models:
+    if checkpoint not in settings.models:
         raise FearAssetsError(f"{settings.path}: checkpoint {checkpoint!r} has no entry under 'models'. "
                               "Fix: register its dtype, context_window and attn_implementation there")
-    entry = models[checkpoint]
-    return ModelSpec(checkpoint, entry["dtype"], int(entry["context_window"]), entry["attn_implementation"])
+    entry = settings.models[checkpoint]
+    return ModelSpec(checkpoint, entry.dtype, int(entry.context_window), entry.attn_implementation)
 
 
 def registry(settings: ProtocolSettings, family_key: str) -> dict[str, ModelSpec | None]:

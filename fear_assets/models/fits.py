@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from fear_assets.core.sections import Convergence
 from fear_assets.models.data import AGENTS, levels_of, prepared
 from fear_assets.models.primary_model import (COVARIATES, Fitter, PrimaryData, cell_means, check_band, convergence,
                                                 frame_form_of, posterior_draws)
@@ -77,21 +78,21 @@ def contrast_summary(name: str, draws: np.ndarray, chains: int, hdi_prob: float,
             **contrast_diagnostics(draws, chains), "divergences": int(divergences), **extra}
 
 
-def convergence_problems(row: Mapping, rule: Mapping) -> list[str]:
+def convergence_problems(row: Mapping, rule: Convergence) -> list[str]:
     """What fails the registered convergence rule for one reported contrast."""
     out = []
-    if not row["rhat"] <= rule["rhat_max"]:
-        out.append(f"R-hat {row['rhat']:.3f} > {rule['rhat_max']}")
-    if not row["ess_bulk"] >= rule["ess_bulk_min"]:
-        out.append(f"bulk ESS {row['ess_bulk']:.0f} < {rule['ess_bulk_min']}")
-    if not row["ess_tail"] >= rule["ess_tail_min"]:
-        out.append(f"tail ESS {row['ess_tail']:.0f} < {rule['ess_tail_min']}")
-    if row["divergences"] > rule["divergences_max"]:
+    if not row["rhat"] <= rule.rhat_max:
+        out.append(f"R-hat {row['rhat']:.3f} > {rule.rhat_max}")
+    if not row["ess_bulk"] >= rule.ess_bulk_min:
+        out.append(f"bulk ESS {row['ess_bulk']:.0f} < {rule.ess_bulk_min}")
+    if not row["ess_tail"] >= rule.ess_tail_min:
+        out.append(f"tail ESS {row['ess_tail']:.0f} < {rule.ess_tail_min}")
+    if row["divergences"] > rule.divergences_max:
         out.append(f"{row['divergences']} divergences")
     return out
 
 
-def diagnostics_problems(diagnostics: Mapping, rule: Mapping) -> list[str]:
+def diagnostics_problems(diagnostics: Mapping, rule: Convergence) -> list[str]:
     """The same rule applied to a whole fit's worst diagnostics (``primary_model.convergence``:
     max R-hat, min bulk/tail ESS, divergences), e.g. H4's fit."""
     return convergence_problems({"rhat": diagnostics["max_rhat"], "ess_bulk": diagnostics["min_ess_bulk"],

@@ -79,7 +79,7 @@ def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: 
     p0, band = pilot_depths.iloc[0], stored_band(pilot_depths)
     zero = settings.zero_preference
     return {
-        "protocol": settings.raw["protocol"]["name"], "protocol_version": settings.raw["protocol"]["version"],
+        "protocol": settings.protocol.name, "protocol_version": settings.protocol.version,
         "family": family_key, "mode": settings.mode, "status": registration_status(settings.mode, failed_gates),
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         **{k: hashes[k] for k in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256")},

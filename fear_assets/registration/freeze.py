@@ -29,8 +29,8 @@ RECORD_NAME = "frozen_inputs.json"
 
 def freeze_record(settings: ProtocolSettings, bank: Bank) -> dict:
     return {
-        "protocol": settings.raw["protocol"]["name"],
-        "protocol_version": settings.raw["protocol"]["version"],
+        "protocol": settings.protocol.name,
+        "protocol_version": settings.protocol.version,
         "bank_sha256": bank.sha256,
         "settings_sha256": settings.sha256,
         "bank_items": bank.item_hashes(),

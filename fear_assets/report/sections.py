@@ -167,7 +167,7 @@ def write_report(directory: Path, name: str, document: str) -> dict:
 
 
 def preamble_text(settings) -> str:
-    return (f"Protocol {settings.raw['protocol']['name']} ({settings.raw['protocol']['version']}). "
+    return (f"Protocol {settings.protocol.name} ({settings.protocol.version}). "
             "Generated only from stored assets; each table's source line names the materialisation it came from "
             "(asset key [partition] · run id · data version). None of these readings is a verdict on consciousness "
             "(Section 8).")

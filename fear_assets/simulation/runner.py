@@ -16,8 +16,8 @@ rule is kept and flagged (``converged`` false), never dropped (D7).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,7 @@ import pandas as pd
 from fear_assets.analysis import gate_c as gc
 from fear_assets.analysis.controls import control_verdict, fit_control
 from fear_assets.core.hashing import derived_seed
+from fear_assets.core.sections import Convergence
 from fear_assets.models.data import AGENTS, CONTENTS, levels_of
 from fear_assets.models.fits import contrast_summary, convergence_problems
 from fear_assets.models.h5_model import H5Priors, build_h5_model, h5_contrast, prepare_h5
@@ -72,7 +73,7 @@ class Rules:
     hdi_prob: float
     sesoi: float
     meaningful: float
-    convergence: Mapping[str, float]
+    convergence: Convergence
     control_min_mean: float
     control_hdi_above: float
     inflation: float
@@ -85,7 +86,7 @@ class Rules:
     def from_settings(cls, settings) -> "Rules":
 
         dec, ctrl = settings.decision, settings.positive_controls
-        return cls(dec.hdi_prob, dec.sesoi, dec.meaningful, asdict(settings.convergence),
+        return cls(dec.hdi_prob, dec.sesoi, dec.meaningful, settings.convergence,
                    ctrl.pass_min_mean, ctrl.hdi_above, settings.power.slope_sd_inflation,
                    settings.priors.gate_c_reader_factor_sd, H5Priors.from_settings(settings))
 

@@ -10,12 +10,14 @@ import pandas as pd
 
 from fear_assets.models.primary_model import Fitter, Priors
 from fear_assets.core.hashing import sha256_obj
+from fear_assets.core.registered import registered
+from fear_assets.core.sections import Sampler
 from fear_assets.registration.record import analysis_code_sha256
 
 
-def sampler_of(settings, family_key: str) -> dict:
-    s = settings.power.demo.sampler if settings.family(family_key).role == "embedded" else settings.sampler
-    return {"draws": s.draws, "tune": s.tune, "chains": s.chains}
+def sampler_of(settings, family_key: str) -> Sampler:
+    """The sampler of a family's power-simulation fits (``Registered.power_sampler``)."""
+    return registered(settings, family_key).power_sampler
 
 
 FITTERS: dict = {}
@@ -27,9 +29,9 @@ def fitter_for(settings, family_key: str):
     dataset, as the analysis chooses it on its data (``analysis.parametrisation``)."""
 
     s = sampler_of(settings, family_key)
-    key = (settings.sha256, s["draws"], s["tune"], s["chains"])
+    key = (settings.sha256, s.draws, s.tune, s.chains)
     if key not in FITTERS:
-        FITTERS[key] = Fitter(Priors.from_settings(settings), int(s["draws"]), int(s["tune"]), int(s["chains"]),
+        FITTERS[key] = Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains,
                               rule=settings.fitting.frame_parametrisation)
     return FITTERS[key]
 

@@ -55,7 +55,7 @@ class PowerTargets:
         p = settings.power
         return cls(p.supported_at_meaningful_min, p.supported_at_zero_max, p.equivalent_at_zero_min,
                    p.gate_b_pass_min, p.joint_top_reading_min, p.joint_top_reading_zero_max,
-                   int(settings.design["confirmatory_frames_required"]), p.frame_block, p.frames_max)
+                   int(settings.design.confirmatory_frames_required), p.frame_block, p.frames_max)
 
 
 def mcse(rate: float, n: int) -> float:

@@ -23,7 +23,7 @@ import yaml
 
 from fear_assets.core.errors import BankError, input_boundary
 from fear_assets.core.hashing import canonical_json, sha256_obj
-from fear_assets.core.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, ProtocolSettings, load_settings
+from fear_assets.core.settings import CONDITIONS, CONTENTS, DEFAULT_BANK_DIR, BankRules, ProtocolSettings, load_settings
 from fear_assets.stimuli.roles import agent_mentions
 
 AGENT_KINDS = ("assistant", "person")
@@ -208,20 +208,20 @@ def syntax_signature(phrase: str, function_words: frozenset[str]) -> tuple[str, 
     return tuple(w.lower() if w.lower() in function_words else ("W" if w[0].isalpha() else w) for w in words)
 
 
-def _check_verb_pair(chk: _Checker, fld: str, first: str, second: str, rules: Mapping[str, Any]) -> None:
-    fw = frozenset(rules["function_words"])
+def _check_verb_pair(chk: _Checker, fld: str, first: str, second: str, rules: BankRules) -> None:
+    fw = frozenset(rules.function_words)
     sig_a, sig_b = syntax_signature(first, fw), syntax_signature(second, fw)
     if sig_a != sig_b:
         chk.fail(fld, f"verb phrases {first!r} and {second!r} differ in syntax "
                       f"({' '.join(sig_a)} vs {' '.join(sig_b)})",
                  "use the same number of words with the same function words in the same positions")
     ratio = max(len(first), len(second)) / min(len(first), len(second))
-    if ratio > float(rules["verb_length_ratio_max"]):
+    if ratio > float(rules.verb_length_ratio_max):
         chk.fail(fld, f"verb phrases {first!r} and {second!r} differ in length (ratio {ratio:.2f})",
-                 f"keep the longer within {rules['verb_length_ratio_max']}x the shorter")
+                 f"keep the longer within {rules.verb_length_ratio_max}x the shorter")
 
 
-def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rules: Mapping[str, Any],
+def _parse_item(chk: _Checker, data: Any, kind: str, group: str, file: Path, rules: BankRules,
                 frame_sets: Mapping[str, list[int]] | None) -> Item:
     if not isinstance(data, Mapping):
         chk.fail("<item>", f"expected a mapping, got {type(data).__name__}", "write each item as a YAML mapping")
@@ -341,7 +341,7 @@ def _load_yaml(path: Path) -> Any:
 
 
 def _load_items(root: Path, sub: str, group_key: str, list_key: str, kind: str, groups: tuple[str, ...],
-                rules: Mapping[str, Any], frame_sets: Mapping[str, list[int]] | None,
+                rules: BankRules, frame_sets: Mapping[str, list[int]] | None,
                 expected_per_group: int, rewrites: list[Item] | None = None) -> list[Item]:
     items: list[Item] = []
     directory = root / sub
@@ -478,12 +478,12 @@ def _load_bank(root: Path, settings: ProtocolSettings) -> Bank:
                         f"place templates.yaml in {root} (see the README's bank section)")
     templates = _load_yaml(templates_path)
     _check_templates(templates_path, templates, settings)
-    rules = settings.bank_rules
+    rules = settings.bank
     rewrites: list[Item] = []
     frames = _load_items(root, "frames", "fear", "frames", "frame", settings.fears, rules,
-                         rules["frame_sets"], int(rules["frames_per_fear"]), rewrites)
-    events = _load_items(root, "events", "class", "events", "event", tuple(rules["event_classes"]), rules,
-                         None, int(rules["events_per_class"]))
+                         rules.frame_sets, int(rules.frames_per_fear), rewrites)
+    events = _load_items(root, "events", "class", "events", "event", tuple(rules.event_classes), rules,
+                         None, int(rules.events_per_class))
     seen: dict[str, str] = {}
     for it in (*frames, *events, *rewrites):
         if it.id in seen:

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from fear_assets.core.settings import (DEFAULT_BANK_DIR, DEFAULT_CACHE_DIR, DEFAULT_REGISTRATION_DIR,
-                                  DEFAULT_SETTINGS_PATH, ProtocolSettings, load_settings)
+                                       ProtocolSettings, load_settings, settings_path as current_settings_path)
 from fear_assets.stimuli.bank import Bank, load_bank
 
 
@@ -30,7 +30,8 @@ def _stamp(root: Path) -> tuple:
 class ProtocolResource(dg.ConfigurableResource):
     """Where the registered settings, the bank and the registration record live."""
 
-    settings_path: str = str(DEFAULT_SETTINGS_PATH)
+    #: Default: the file the definition-time layout read (``core.settings.settings_path``).
+    settings_path: str = str(current_settings_path())
     bank_dir: str = str(DEFAULT_BANK_DIR)
     registration_dir: str = str(DEFAULT_REGISTRATION_DIR)
     cache_dir: str = str(DEFAULT_CACHE_DIR)

@@ -43,7 +43,7 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
                                          {r.rewrite_of: r.id for r in bank.rewrites})
     tost = equivalence(diffs, set(selection["item_id"]), rule.tost_bound)
     events = event_verdicts(event_differences(sentence_surprisal, set(selection["item_id"]),
-                                              settings.bank_rules["event_classes"]), rule.max_abs_difference)
+                                              settings.bank.event_classes), rule.max_abs_difference)
     table = verdicts.merge(selection.rename(columns={"item_id": "selected"}), how="left",
                            left_on="item_id", right_on="selected", suffixes=("", "_sel"))
     table = table.assign(family=context.partition_key, selected=table["selected"].notna(),
@@ -52,7 +52,7 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
                          tost=tost.to_json(orient="records"), event_matching=events.to_json(orient="records"),
                          # 4.3: what the registration record needs to re-run both tests on the final bank.
                          **final_bank_columns(list(table["item_id"]), diffs, sentence_surprisal,
-                                              settings.bank_rules["event_classes"]))
+                                              settings.bank.event_classes))
     table = table.drop(columns=["fear_sel"], errors="ignore")
     # 4.3: the base-against-assistant comparison uses frames passing under both checkpoints.
     if len(base_sentence_surprisal):
