@@ -13,7 +13,8 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from fear_assets.models.primary_model import Fitter, Priors
+from fear_assets.core.registered import registered
+from fear_assets.models.primary_model import Fitter, registered_fitter
 from fear_assets.design.applicable import not_applicable
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.table import build_trial_table
@@ -125,11 +126,9 @@ def candidates(settings, bank, family_key: str) -> list[str]:
 
 
 def fitter(settings) -> Fitter:
-    """The registered model under the registered priors and sampler (6.1), its frame effects
-    sampled as the registered rule picks per fit (D3b; ``analysis.parametrisation``)."""
-    s = settings.sampler
-    return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains,
-                  rule=settings.fitting.frame_parametrisation)
+    """The registered fitter (6.1; ``models.primary_model.registered_fitter``). The priors, the
+    sampler and the frame rule are the same for every family, so any family's view serves."""
+    return registered_fitter(registered(settings, next(iter(settings.families))))
 
 
 def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
