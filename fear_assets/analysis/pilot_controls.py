@@ -14,7 +14,7 @@ import pandas as pd
 
 from fear_assets.analysis.controls import pilot_control_rows
 from fear_assets.core.registered import Registered
-from fear_assets.design.masking import unmask_pilot
+from fear_assets.design.unmasking import unmask_pilot
 from fear_assets.models.data import model_table
 from fear_assets.models.fits import fit_cells
 from fear_assets.models.primary_model import registered_fitter
