@@ -14,6 +14,7 @@ import pandas as pd
 
 from fear_assets.analysis.controls import pilot_control_rows
 from fear_assets.core.registered import Registered
+from fear_assets.core.settings import ProtocolSettings
 from fear_assets.design.unmasking import unmask_pilot
 from fear_assets.models.data import model_table
 from fear_assets.models.fits import fit_cells
@@ -68,3 +69,36 @@ def pilot_controls(pilot_scores: pd.DataFrame, pilot_control_scores: pd.DataFram
     result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=sigma,
                                        pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths))
     return PilotControlsResult(result, sigma, fitter.compilations)
+
+
+@dataclass(frozen=True)
+class ControlsVerdict:
+    """The positive-controls gate read from the stored table (4.6, D4)."""
+
+    passed: bool
+    description: str
+    what_it_means: str
+
+
+def controls_verdict(pilot_controls: pd.DataFrame) -> ControlsVerdict:
+    """Every control passes, else which fail and why (a failing manipulation may be
+    strengthened once before registration)."""
+    bad = pilot_controls[~pilot_controls["passed"].astype(bool)]
+    return ControlsVerdict(
+        passed=bad.empty,
+        description="all four controls pass" if bad.empty else
+        "failing: " + "; ".join(f"{r.control} ({r.reason})" for r in bad.itertuples()) +
+        ". Strengthen the failing manipulation once before registration (4.6); if a control fails in "
+        "confirmatory data no Section 8 reading is made.",
+        what_it_means="none" if bad.empty else
+        "the protocol's manipulations do not move the model as predicted: without working controls "
+        "no null on H2 can be read (D5 row 1)")
+
+
+def controls_description(settings: ProtocolSettings) -> str:
+    """The positive-controls check's description, with the registered pass rule (4.6, D4)."""
+    rule = settings.positive_controls
+    above = "zero" if rule.hdi_above == 0 else f"{rule.hdi_above:g}"
+    return (f"Protocol 4.6 / D4: every positive control passes in the pilot (posterior mean >= {rule.pass_min_mean:g} "
+            f"and {settings.decision.hdi_prob:.0%} HDI wholly above {above}). A failing control's manipulation may "
+            "be strengthened once before registration.")

@@ -3,11 +3,12 @@
 import dagster as dg
 import pandas as pd
 
+from fear_assets.analysis.pilot_controls import controls_description, controls_verdict
 from fear_assets.analysis.pilot_controls import pilot_controls as pilot_controls_step
 from fear_assets.core.registered import registered
 from fear_assets.core.settings import depth_key
 from fear_assets.defs.modes import GATES_BLOCK
-from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.pilot.depth_rules import band_keys, pilot_depth_band
 
@@ -64,20 +65,11 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     })
 
 
-@dg.asset_check(asset=pilot_controls, blocking=GATES_BLOCK, description=(
-    "Protocol 4.6 / D4: every positive control passes in the pilot (posterior mean >= 0.15 "
-    "and 99% HDI wholly above zero). A failing control's manipulation may be strengthened "
-    "once before registration."))
+@dg.asset_check(asset=pilot_controls, blocking=GATES_BLOCK, description=controls_description(DEFINITION_SETTINGS))
 def positive_controls_pass(pilot_controls: pd.DataFrame) -> dg.AssetCheckResult:
-    bad = pilot_controls[~pilot_controls["passed"].astype(bool)]
+    verdict = controls_verdict(pilot_controls)
     return dg.AssetCheckResult(
-        passed=bad.empty,
-        description="all four controls pass" if bad.empty else
-        "failing: " + "; ".join(f"{r.control} ({r.reason})" for r in bad.itertuples()) +
-        ". Strengthen the failing manipulation once before registration (4.6); if a control fails in "
-        "confirmatory data no Section 8 reading is made.",
+        passed=verdict.passed, description=verdict.description,
         metadata={"controls": dg.MetadataValue.md(pilot_controls[["control", "mean", "hdi_low", "hdi_high", "passed"]]
                                                   .round(3).to_markdown(index=False)),
-                  "what it means": "none" if bad.empty else
-                  "the protocol's manipulations do not move the model as predicted: without working controls "
-                  "no null on H2 can be read (D5 row 1)"})
+                  "what it means": verdict.what_it_means})
