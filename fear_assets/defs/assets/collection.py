@@ -41,8 +41,7 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
     if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
         yield skipped
         return
-    blocks = [b.name for b in settings.blocks if not b.is_pilot]
-    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks,
+    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, False,
                              replacements_of(_record(registration_record)))
 
 
