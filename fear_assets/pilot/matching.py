@@ -313,10 +313,10 @@ def match_frames(sentence_surprisal: pd.DataFrame, base_sentence_surprisal: pd.D
                           rule.max_abs_difference)
 
 
-def matching_gate_verdict(matched: pd.DataFrame, view: Registered) -> tuple[list[str], bool]:
+def matching_gate_verdict(matched: pd.DataFrame, settings: ProtocolSettings) -> tuple[list[str], bool]:
     """The matching gate on this stage's selection (4.3): its problems and whether a fear is
     short of frames (the only one that stops what follows; the bank-level tests warn here)."""
-    return (matching_problems(matched, view.settings.matching.tost_alpha),
+    return (matching_problems(matched, settings.matching.tost_alpha),
             bool((matched["frames_to_write"] > 0).any()))
 
 

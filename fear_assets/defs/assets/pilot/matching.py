@@ -50,8 +50,7 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
 
 @dg.asset_check(asset=matched_frames, blocking=GATES_BLOCK, description=matching_gate_description(DEFINITION_SETTINGS))
 def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
-    problems, short = matching_gate_verdict(
-        matched_frames, registered(protocol.settings(), str(matched_frames["family"].iloc[0])))
+    problems, short = matching_gate_verdict(matched_frames, protocol.settings())
     return dg.AssetCheckResult(
         passed=not problems,
         # 4.3: the bank-level tests bind on the final bank (the record's gate); here they warn.
