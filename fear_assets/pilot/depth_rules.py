@@ -133,3 +133,9 @@ def pilot_depth_band(pilot_scores: pd.DataFrame, report_scoring: pd.DataFrame, v
         in_band=by_depth.depth_index.isin(band), is_h5_depth=by_depth.depth_index == h5_index,
         depth_band=",".join(map(str, band)), h5_depth=h5_index, band_rule=band_rule, h5_rule=h5_rule)
     return DepthBandResult(table, band, band_rule, h5_index, h5_rule)
+
+
+def band_depth_keys(pilot_depths: pd.DataFrame) -> set[str]:
+    """The stored band's depth keys: the only depths the pilot's positive controls are scored
+    at (Appendix C step 2: "their contrasts are averaged over the band")."""
+    return set(band_keys(stored_band(pilot_depths)))
