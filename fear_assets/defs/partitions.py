@@ -55,7 +55,9 @@ def build_partitions(layout: Layout) -> tuple[dg.MultiPartitionsDefinition, dg.S
     return family_depth, dg.StaticPartitionsDefinition(list(layout.families))
 
 
-LAYOUT = Layout.of(load_settings(settings_path()))
+#: The settings the definitions are built from (check descriptions quote their registered numbers).
+DEFINITION_SETTINGS = load_settings(settings_path())
+LAYOUT = Layout.of(DEFINITION_SETTINGS)
 family_depth_partitions, family_partitions = build_partitions(LAYOUT)
 #: family x simulation batch (``power_simulation``, 6.3).
 power_partitions = dg.MultiPartitionsDefinition({

@@ -6,11 +6,15 @@ Reconciles the trial table with the registered count formulas: every block's row
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from fear_assets.design.trials import (BINDING_CELLS, FrameSelection, baseline_per_order, block_applies,
-                                       block_depths, expected_block_rows)
+                                       block_depths, expected_block_rows, registered_selection)
+from fear_assets.core.registered import Registered
 from fear_assets.core.settings import ProtocolSettings
+from fear_assets.stimuli.bank import Bank
 
 ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected_rows", "actual_rows",
                       "expected_per_code", "codes", "codes_off", "status", "formula"]
@@ -87,3 +91,29 @@ def trial_accounting(settings: ProtocolSettings, family_key: str, selection: Fra
         "formula": "sum of the blocks above" + (f"; {len(unknown)} rows of unregistered blocks" if len(unknown) else ""),
     })
     return pd.DataFrame(rows, columns=ACCOUNTING_COLUMNS)
+
+
+@dataclass(frozen=True)
+class AccountingResult:
+    """The closed accounting of one family and the trials it reconciles (4.7, D2)."""
+
+    table: pd.DataFrame
+    trials: pd.DataFrame
+
+
+def close_accounting(pilot_trial_table: pd.DataFrame, confirmatory_trial_table: pd.DataFrame, bank: Bank,
+                     view: Registered) -> AccountingResult:
+    """The pilot and confirmatory trial tables of one family against the registered count
+    formulas (4.7, D2). A registered replacement swaps one frame for another (4.3), so the
+    counts the formula reads are those of the registered sets; the frames are the tables'."""
+    selection = registered_selection(view.settings, bank, view.family)
+    trials = pd.concat([pilot_trial_table, confirmatory_trial_table], ignore_index=True)
+    return AccountingResult(trial_accounting(view.settings, view.family.key, selection, trials), trials)
+
+
+def accounting_verdict(accounting: pd.DataFrame) -> tuple[bool, str, pd.DataFrame]:
+    """Closed, or how many blocks differ from the registered formula and the usual cause."""
+    bad = accounting[accounting["status"] == "MISMATCH"]
+    return (bad.empty, "the accounting is closed" if bad.empty else
+            f"{len(bad)} block(s) differ from the registered formula: rebuild the trial tables from the frozen "
+            "settings and bank (a partial or stale partition is the usual cause)", bad)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Collection, Mapping, Sequence
 
 import pandas as pd
 
+from fear_assets.core.errors import DesignError
+from fear_assets.core.registered import Registered
 from fear_assets.design.documents import ChatTokenizer, DocumentBuilder, render_grid
 from fear_assets.design.masking import assignment_key, mask
-from fear_assets.design.trials import FrameSelection, baseline_per_order, build_grid
+from fear_assets.design.trials import FrameSelection, baseline_per_order, build_grid, registered_selection
 from fear_assets.core.settings import ProtocolSettings, depth_key
+from fear_assets.lm.tokenizers import family_tokenizers
 from fear_assets.stimuli.bank import Bank
+from fear_assets.stimuli.name_gate import selected_names
 
 TRIAL_COLUMNS = [
     "trial_id", "family", "depth", "depth_index", "depth_tokens", "block", "block_kind", "reader", "frame_set",
@@ -85,3 +92,65 @@ def build_trial_table(settings: ProtocolSettings, bank: Bank, family_key: str, d
         raise AssertionError(f"duplicate trial id {dup}: the design generator produced the same trial twice")
     key = key.assign(depth=depth_key(depth_index))
     return table[TRIAL_COLUMNS].reset_index(drop=True), key
+
+
+class NameGateBlocks(DesignError):
+    """The name gate failed in confirmatory mode: nothing downstream is built (4.2)."""
+
+
+@dataclass(frozen=True)
+class TrialTableResult:
+    """One family x depth of the masked trial table and what a reader checks it by (4.4, D2)."""
+
+    table: pd.DataFrame
+    names: list[str]
+    gate_passed: bool
+    depth_tokens: int
+    by_block: pd.DataFrame
+    #: The first primary trial's document ('' where the slice has none).
+    sample_document: str
+    design: str
+    seconds: float
+
+
+def stage_blocks(settings: ProtocolSettings, pilot: bool) -> list[str]:
+    """The blocks one stage renders: the pilot's (built from the pilot frames, before
+    registration) or the confirmatory ones (Appendix C steps 2 and 5)."""
+    return [b.name for b in settings.blocks if b.is_pilot == pilot]
+
+
+def render_trial_table(frame_bank: pd.DataFrame, name_gate: pd.DataFrame, bank: Bank, view: Registered,
+                       cache_dir: Path | str, depth: str, pilot: bool,
+                       replacements: Mapping[str, str]) -> TrialTableResult:
+    """Render one family x depth of the masked trial table for the pilot or the confirmatory
+    blocks (4.4, D2), with the frame replacements a registered record makes (4.3), on the
+    selected names. Refuses a stored bank other than the one on disk, and, in confirmatory
+    mode, a failed name gate (:class:`NameGateBlocks`)."""
+    settings, family, family_key = view.settings, view.family, view.family.key
+    stored = set(frame_bank["bank_sha256"])
+    if stored != {bank.sha256}:
+        raise DesignError(f"frame_bank in DuckDB has bank hash {sorted(stored)} but the bank on disk is "
+                          f"{bank.sha256}: re-materialise frame_bank first")
+    index = family.depth_index(depth)
+    started = time.perf_counter()
+    tokenizers = family_tokenizers(settings, family, cache_dir)
+    names = selected_names(name_gate)
+    gate_passed = bool(name_gate["gate_passed"].iloc[0])
+    if not gate_passed and settings.mode == "confirmatory":
+        # A check blocks only inside its own run; the gate's stored verdict blocks every later one.
+        raise NameGateBlocks(f"the name gate failed for {family_key} and the settings are in confirmatory "
+                             "mode: nothing downstream is built. See the name_gate asset's check for which "
+                             "tokenizer splits which name.")
+    selection = registered_selection(settings, bank, family, replacements)
+    table, _ = build_trial_table(settings, bank, family_key, index, tokenizers, names, selection,
+                                 blocks=stage_blocks(settings, pilot))
+    table["name_gate_passed"] = gate_passed
+    elapsed = time.perf_counter() - started
+    by_block = table.groupby("block", sort=False).size().reset_index(name="trials")
+    sample = table[table["block"].isin(["pilot_primary", "primary"])].head(1)
+    sample_doc = (DocumentBuilder(settings, bank, family_key, names, tokenizers).document_text(sample.iloc[0].to_dict())
+                  if len(sample) else "")
+    reduced = family.reduced_design
+    return TrialTableResult(table, names, gate_passed, family.tokens_at(index), by_block, sample_doc,
+                            "reduced (demonstration): " + reduced.reason if reduced else "registered full design",
+                            elapsed)

@@ -34,6 +34,7 @@ import pandas as pd
 
 from fear_assets.models.coding import cell_row, design, frame_slopes
 from fear_assets.models.parametrisation import frame_parametrisation
+from fear_assets.core.registered import Registered
 
 COVARIATES = ("surprisal_name", "surprisal_rest")
 
@@ -589,3 +590,10 @@ def implied_residual_sd(idata) -> float:
 def posterior_draws(idata, name: str) -> np.ndarray:
     values = idata.posterior[name].values
     return values.reshape(-1, *values.shape[2:])
+
+
+def registered_fitter(view: Registered) -> Fitter:
+    """The registered model under the registered priors and sampler (6.1), its frame effects
+    sampled as the registered rule picks per fit (D3b; ``models.parametrisation``)."""
+    s = view.sampler
+    return Fitter(Priors.from_settings(view.settings), s.draws, s.tune, s.chains, rule=view.frame_parametrisation)

@@ -17,13 +17,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fear_assets.core.errors import FearAssetsError
-from fear_assets.core.settings import AGENTS, CONTENTS
+from fear_assets.core.registered import Registered
+from fear_assets.core.settings import AGENTS, CONTENTS, ProtocolSettings
+from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.unmasking import unmask_pilot
+from fear_assets.design.trials import candidate_frames
+from fear_assets.pilot.matching import select_frames
+from fear_assets.pilot.questions import binding_questions
+from fear_assets.stimuli.bank import Bank
 
 CHECK_COLUMNS = ["item_id", "content", "rotation", "role", "name", "expected_letter"]
 VERDICT_COLUMNS = ["item_id", "n_checks", "n_correct", "passes", "failed_checks"]
@@ -172,3 +180,95 @@ def in_context_correct(docs: pd.DataFrame, expected_letter: Mapping[str, str]) -
         chosen = "ABC"[max(range(3), key=lambda k: lp[k])] if lp and len(set(lp)) == 3 else ""
         correct.append(bool(not r.excluded_context and chosen == expected_letter[r.agent]))
     return correct
+
+
+#: Answers the tested model's log-probabilities of each answer letter after each question.
+Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
+
+
+@dataclass(frozen=True)
+class BindingResult:
+    """One row per frame (single-sentence verdicts, in-context rate, selection; 4.2)."""
+
+    table: pd.DataFrame
+    #: The in-context pass rate; None where no in-context document was scored.
+    rate: float | None
+    in_context_message: str
+    failing: pd.DataFrame
+    pass_rate_min: float
+
+
+def binding(builder: DocumentBuilder, bank: Bank, pilot_scores: pd.DataFrame, assignment_key: pd.DataFrame,
+            names: Sequence[str], view: Registered, answer: Answerer) -> BindingResult:
+    """Binding of one family (protocol 4.2): the single-sentence checks of every candidate
+    frame (a frame failing one is replaced as a matching failure is) and the in-context pass
+    rate of the pilot_binding_in_context documents at the deepest depth."""
+    settings, family_key = view.settings, view.family.key
+    rule = settings.binding
+    checks = single_sentence_checks(candidate_frames(settings, bank, view.family), settings.rotations, names[:3],
+                                    expected=dict(rule.expected_letter),
+                                    checks_per_frame=rule.single_sentence_checks_per_frame)
+    questions = binding_questions(builder, checks)
+    letters = sorted(set(rule.expected_letter.values()))
+    lps = answer(questions, letters)
+    for j, letter in enumerate(letters):
+        questions[f"logprob_{letter}"] = [x[j] for x in lps]
+    questions["fear"] = [bank.item(i).group for i in questions["item_id"]]
+    questions["frame_set"] = [bank.item(i).set for i in questions["item_id"]]
+    verdicts = binding_verdicts(questions.drop(columns=["prefix", "body"]), rule.single_sentence_checks_per_frame)
+    docs = pilot_scores[pilot_scores["block"] == "pilot_binding_in_context"]
+    correct = in_context_correct(unmask_pilot(docs, assignment_key), rule.expected_letter) if len(docs) else []
+    rate, in_context_passed, in_context_message = in_context_rate(correct, rule.pass_rate_min) \
+        if correct else (float("nan"), False, "no in-context binding documents were scored: score block "
+                         "pilot_binding_in_context at the deepest depth")
+    numbers = {i: bank.item(i).number for i in verdicts["item_id"]}
+    selection, shortfall = select_frames(verdicts, numbers, settings.confirmatory_frames_per_fear(family_key),
+                                         {r.rewrite_of: r.id for r in bank.rewrites})
+    table = verdicts.assign(family=family_key, in_context_documents=len(correct), in_context_correct=int(sum(correct)),
+                            in_context_rate=rate, in_context_passed=in_context_passed,
+                            in_context_message=in_context_message, frames_to_write=json.dumps(shortfall),
+                            selected=verdicts["item_id"].isin(set(selection["item_id"])))
+    return BindingResult(table, float(rate) if correct else None, in_context_message,
+                         verdicts[~verdicts["passes"]], rule.pass_rate_min)
+
+
+def binding_gate_description(settings: ProtocolSettings) -> str:
+    """The binding check's description, with the registered in-context pass rate (4.2)."""
+    return ("Protocol 4.2 binding: every fear keeps its confirmatory frames after replacing frames "
+            "that fail a single-sentence check (blocks registration otherwise); the in-context pass "
+            f"rate >= {settings.binding.pass_rate_min:.0%} (below it H2-H5 are uninterpretable: a warning carried "
+            "to the Section 8 reading as D5 row 2, not a stop).")
+
+
+@dataclass(frozen=True)
+class BindingGateVerdict:
+    """The binding gate read from the stored table (4.2): only a frame shortfall stops
+    registration; a low in-context rate is read as D5 row 2."""
+
+    passed: bool
+    stops: bool
+    description: str
+    in_context: str
+    failing_frames: str
+    next_step: str
+
+
+def binding_gate_verdict(binding_results: pd.DataFrame) -> BindingGateVerdict:
+    """The binding gate's verdict: the in-context rule's message and the frames to write."""
+    first = binding_results.iloc[0]
+    shortfall = json.loads(first["frames_to_write"])
+    problems = []
+    if not bool(first["in_context_passed"]):
+        problems.append(str(first["in_context_message"]))
+    if shortfall:
+        problems.append("after replacing frames that fail a single-sentence check, write "
+                        + ", ".join(f"{n} frame(s) for {f}" for f, n in shortfall.items()))
+    failing = binding_results[~binding_results["passes"]]
+    in_context = f"{first['in_context_correct']}/{first['in_context_documents']}"
+    return BindingGateVerdict(
+        passed=not problems, stops=bool(shortfall),
+        description="binding passes: in-context rate " + in_context if not problems else " | ".join(problems),
+        in_context=in_context, failing_frames=", ".join(failing["item_id"]) or "none",
+        next_step="none" if not problems else
+        "replace the failing frames (write new ones for the fears listed); a low in-context rate is read "
+        "as D5 row 2 (H2-H5 uninterpretable), no frame change fixes it")

@@ -6,11 +6,13 @@ Neither rule reads any agent-by-content contrast: both pool all six cells.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import pandas as pd
 
 from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.registered import Registered
 from fear_assets.pilot.report_scoring import CATEGORIES
 from fear_assets.models.data import kept
 from fear_assets.core.settings import depth_index, depth_key
@@ -101,3 +103,39 @@ def stored_band(pilot_depths: pd.DataFrame) -> list[int]:
 def band_keys(band: Sequence[int]) -> list[str]:
     """Partition keys of a band of depth indices (``settings.depth_key``)."""
     return [depth_key(b) for b in band]
+
+
+@dataclass(frozen=True)
+class DepthBandResult:
+    """The pilot's depth table (one row per depth) and the two rules' verdicts (protocol 5)."""
+
+    table: pd.DataFrame
+    band: list[int]
+    band_rule: str
+    h5_index: int
+    h5_rule: str
+
+
+def pilot_depth_band(pilot_scores: pd.DataFrame, report_scoring: pd.DataFrame, view: Registered) -> DepthBandResult:
+    """The depth band (H1-H4) and the H5 depth of one family (protocol 5), from the pilot's
+    kept primary trials pooled over all six cells (:func:`pooled_by_depth`)."""
+    by_depth = pooled_by_depth(pilot_scores, report_scoring)
+    rule, h5 = view.settings.depth_band_rule, view.settings.h5_depth_rule
+    band, band_rule = depth_band(dict(zip(by_depth.depth_index, by_depth.neutral_mention_rate)),
+                                 rule.neutral_mention_low, rule.neutral_mention_high, rule.min_depths,
+                                 rule.fallback_target)
+    h5_index, h5_rule = h5_depth(dict(zip(by_depth.depth_index, by_depth.fc_accuracy.astype(float))),
+                                 h5.accuracy_low, h5.accuracy_high, h5.fallback_target)
+    family = view.family
+    table = by_depth.assign(
+        family=family.key, depth=[depth_key(int(d)) for d in by_depth.depth_index],
+        depth_tokens=[family.tokens_at(int(d)) for d in by_depth.depth_index],
+        in_band=by_depth.depth_index.isin(band), is_h5_depth=by_depth.depth_index == h5_index,
+        depth_band=",".join(map(str, band)), h5_depth=h5_index, band_rule=band_rule, h5_rule=h5_rule)
+    return DepthBandResult(table, band, band_rule, h5_index, h5_rule)
+
+
+def band_depth_keys(pilot_depths: pd.DataFrame) -> set[str]:
+    """The stored band's depth keys: the only depths the pilot's positive controls are scored
+    at (Appendix C step 2: "their contrasts are averaged over the band")."""
+    return set(band_keys(stored_band(pilot_depths)))

@@ -17,11 +17,14 @@ binding replacement (:func:`final_bank_matching`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Mapping, Sequence
 
 import pandas as pd
-from fear_assets.core.settings import AGENTS
+from fear_assets.core.registered import Registered
+from fear_assets.core.settings import AGENTS, ProtocolSettings
+from fear_assets.stimuli.bank import Bank
 from statsmodels.stats.weightstats import DescrStatsW
 
 TOST_COLUMNS = ["comparison", "n", "mean_difference", "tost_p"]
@@ -253,3 +256,77 @@ def matching_problems(matched: pd.DataFrame, alpha: float, tost: pd.DataFrame | 
                  f"{r.max_abs_difference:.3f} nats/token (rotation {r.worst_rotation}, option {r.worst_option})"
                  for r in failing[failing["max_abs_difference"].notna()].itertuples()]
     return problems
+
+
+@dataclass(frozen=True)
+class MatchingResult:
+    """The matched-frames table (one row per frame) and what its metadata shows (4.3)."""
+
+    table: pd.DataFrame
+    shortfall: dict[str, int]
+    tost: pd.DataFrame
+    events: pd.DataFrame
+    #: Frames passing under the tested and the base checkpoint; None without a base checkpoint.
+    passing_both: list[str] | None
+    drop_rate: pd.Series
+    #: The registered per-frame tolerance (nats/token) the verdicts read.
+    tolerance: float
+
+
+def match_frames(sentence_surprisal: pd.DataFrame, base_sentence_surprisal: pd.DataFrame, bank: Bank,
+                 view: Registered) -> MatchingResult:
+    """Surprisal matching of one family under its tested checkpoint (protocol 4.3): per-frame
+    verdicts against the registered tolerance, the replacement of failing confirmatory frames
+    (rewrite, else the lowest-numbered passing reserve), the TOST on this selection, the
+    events against the agent frames, the columns the registration record re-runs both tests
+    from, and ``passes_base`` (frames that also pass under the base checkpoint)."""
+    settings, family_key = view.settings, view.family.key
+    rule = settings.matching
+    event_classes = settings.bank_rules["event_classes"]
+    diffs = frame_differences(sentence_surprisal)
+    verdicts = frame_verdicts(diffs, rule.max_abs_difference)
+    numbers = {i: bank.item(i).number for i in verdicts["item_id"]}
+    selection, shortfall = select_frames(verdicts, numbers, settings.confirmatory_frames_per_fear(family_key),
+                                         {r.rewrite_of: r.id for r in bank.rewrites})
+    tost = equivalence(diffs, set(selection["item_id"]), rule.tost_bound)
+    events = event_verdicts(event_differences(sentence_surprisal, set(selection["item_id"]), event_classes),
+                            rule.max_abs_difference)
+    table = verdicts.merge(selection.rename(columns={"item_id": "selected"}), how="left",
+                           left_on="item_id", right_on="selected", suffixes=("", "_sel"))
+    table = table.assign(family=family_key, selected=table["selected"].notna(),
+                         replaces=table["replaces"].fillna(""),
+                         frames_to_write=table["fear"].map(shortfall).fillna(0).astype(int),
+                         tost=tost.to_json(orient="records"), event_matching=events.to_json(orient="records"),
+                         # 4.3: what the registration record needs to re-run both tests on the final bank.
+                         **final_bank_columns(list(table["item_id"]), diffs, sentence_surprisal, event_classes))
+    table = table.drop(columns=["fear_sel"], errors="ignore")
+    # 4.3: the base-against-assistant comparison uses frames passing under both checkpoints.
+    if len(base_sentence_surprisal):
+        base = frame_verdicts(frame_differences(base_sentence_surprisal), rule.max_abs_difference)
+        table["passes_base"] = table["item_id"].map(base.set_index("item_id")["passes"]).fillna(False).astype(bool)
+    else:
+        table["passes_base"] = pd.NA
+    both = table[table["passes"] & (table["passes_base"] == True)]["item_id"].tolist()  # noqa: E712 (NA-safe)
+    confirmatory = verdicts[verdicts["frame_set"] == "confirmatory"]
+    drop = confirmatory.groupby("fear")["passes"].apply(lambda s: 1 - s.mean()).round(3)
+    return MatchingResult(table, shortfall, tost, events, both if len(base_sentence_surprisal) else None, drop,
+                          rule.max_abs_difference)
+
+
+def matching_gate_verdict(matched: pd.DataFrame, settings: ProtocolSettings) -> tuple[list[str], bool]:
+    """The matching gate on this stage's selection (4.3): its problems and whether a fear is
+    short of frames (the only one that stops what follows; the bank-level tests warn here)."""
+    return (matching_problems(matched, settings.matching.tost_alpha),
+            bool((matched["frames_to_write"] > 0).any()))
+
+
+def matching_gate_description(settings: ProtocolSettings) -> str:
+    """The matching check's description, with the registered numbers (4.3)."""
+    rule = settings.matching
+    return ("Protocol 4.3: every fear keeps its registered number of confirmatory frames after "
+            "matching and replacement, the retained bank's mean differences are equivalent to "
+            f"zero within +-{rule.tost_bound:g} (TOST over frames, alpha {rule.tost_alpha:g}), and every "
+            f"secondary-class event lies within {rule.max_abs_difference:.2f} of the agent frames' mean surprisal. "
+            "Otherwise: how many frames to write per fear and which events to rewrite. The TOST and the events "
+            "are read here on this stage's selection, as a warning; the registration record reads them on the "
+            "final selection (after binding replacement), so only a fear short of frames stops what follows.")

@@ -12,11 +12,14 @@ revised on pilot data before registration.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import string
+import time
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,6 +27,12 @@ from nltk.stem.snowball import SnowballStemmer
 from sklearn.metrics import cohen_kappa_score
 
 from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.registered import Registered
+from fear_assets.core.settings import ProtocolSettings
+from fear_assets.models.data import kept
+from fear_assets.pilot.questions import scorer_rows, user_chat
+from fear_assets.pilot.report_rule import mentions, partner_keywords
+from fear_assets.stimuli.bank import Bank
 
 SIDES = ("agent", "partner")
 CATEGORIES = ("mention", "no_mention", "refusal")
@@ -209,3 +218,60 @@ def kappa_verdict(kappa: float | None, minimum: float, detail: str = "") -> tupl
     if kappa >= minimum - _FLOAT_SLACK:
         return True, f"scorer agreement (4.5): kappa {kappa:.3f} >= {minimum:.2f}{tail}"
     return False, f"scorer agreement (4.5): kappa {kappa:.3f} < {minimum:.2f}{tail}. {fix}"
+
+
+#: Answers the scorer model's log-probabilities of each answer letter after each question.
+Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
+
+
+@dataclass(frozen=True)
+class ReportScoringResult:
+    """One row per generated pilot answer and side, with the agreement verdict (4.5)."""
+
+    table: pd.DataFrame
+    kappa: float | None
+    message: str
+    answers: int
+
+
+def score_pilot_reports(pilot_scores: pd.DataFrame, pilot_trial_table: pd.DataFrame, bank: Bank, view: Registered,
+                        scorer_tokenizer, scorer_checkpoint: str, answer: Answerer,
+                        log: Callable[[str], None]) -> ReportScoringResult:
+    """Generated-report scoring of one family's pilot (4.5): the frozen keyword rule and,
+    independently, the blinded scorer on each kept pilot_primary answer, disagreements
+    resolved by the stem pass, refusals their own category, and Cohen's kappa between rule
+    and scorer against the registered minimum. A truncated answer or a document over the
+    window is an excluded trial (4.8) and is not scored."""
+    settings = view.settings
+    rule = settings.report_scoring
+    pilot = kept(pilot_scores)
+    pilot = pilot[(pilot["block"] == "pilot_primary") & pilot["generated_text"].notna()]
+    rows = scorer_rows(pilot, pilot_trial_table, bank, settings.neutral_partner_option, partner_keywords)
+    if rows.empty:
+        raise ValueError("no generated pilot answers: score the pilot_primary block (with its greedy answer) first")
+    rows["rule"] = [mentions(t, k) for t, k in zip(rows["generated_text"], rows["keywords"])]
+    prefix, suffix = user_chat(scorer_tokenizer)
+    template = bank.templates["prompts"]["scorer"]
+    questions = rows.assign(prefix=prefix, body=[scorer_prompt(template, a, i) + suffix
+                                                 for a, i in zip(rows["generated_text"], rows["item_text"])])
+    yes, no = rule.scorer_letters
+    started = time.perf_counter()
+    lps = answer(questions, [yes, no])
+    log(f"blinded scorer ({scorer_checkpoint}): {len(rows)} judgements in {time.perf_counter() - started:.1f} s")
+    rows["scorer"] = [scorer_says_yes(a, b) for a, b in lps]
+    scored = score_reports(rows, list(rule.refusal_phrases))
+    answered = scored[~scored["refusal"]]
+    kappa, detail = agreement(list(answered["rule"]), list(answered["scorer"]))
+    passed, message = kappa_verdict(kappa, rule.kappa_min, detail)
+    if view.family.stand_in:
+        message += " (the scorer is the tested model itself, a stand-in: " + view.family.stand_in + ")"
+    table = scored.assign(family=view.family.key, keywords=scored["keywords"].map(json.dumps),
+                          kappa=float("nan") if kappa is None else kappa,
+                          gate_passed=passed, message=message, scorer_checkpoint=scorer_checkpoint)
+    return ReportScoringResult(table, kappa, message, int(pilot.shape[0]))
+
+
+def scorer_agreement_description(settings: ProtocolSettings) -> str:
+    """The report-scoring check's description, with the registered kappa minimum (4.5)."""
+    return (f"Protocol 4.5: Cohen's kappa between the keyword rule and the blinded scorer >= "
+            f"{settings.report_scoring.kappa_min:.2f} (else the rule is revised on pilot data before registration).")

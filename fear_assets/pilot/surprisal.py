@@ -7,17 +7,21 @@ Matching uses only these statistics, so it cannot absorb any effect of a documen
 from __future__ import annotations
 
 import json
-from typing import Sequence
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import pandas as pd
 
+from fear_assets.core.registered import Registered
 from fear_assets.design.documents import SENTINEL, DocumentBuilder, agent_sentence
+from fear_assets.design.trials import candidate_frames, surprisal_items
 from fear_assets.stimuli.roles import role_names
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.requests import Request
 from fear_assets.lm.runner import run
 from fear_assets.core.settings import NO_AGENT
-from fear_assets.stimuli.bank import Item
+from fear_assets.stimuli.bank import Bank, Item
 
 SURPRISAL_COLUMNS = ["family", "item_id", "fear", "frame_set", "rotation", "agent", "content", "option", "sentence",
                      "n_tokens", "n_name_tokens", "name_nll", "rest_nll", "selected_names"]
@@ -122,3 +126,51 @@ def require_same_names(surprisal: pd.DataFrame, names: Sequence[str], where: str
     if measured != list(names):
         raise ValueError(f"{where}: sentence_surprisal was measured with names {measured} but the documents carry "
                          f"{list(names)}; re-materialise sentence_surprisal after name_gate")
+
+
+#: Loads one checkpoint: (model, tokenizer).
+Loader = Callable[[], tuple[object, object]]
+
+
+@dataclass(frozen=True)
+class SurprisalResult:
+    """One reader's document-free surprisal table (4.3); ``note`` says why it is empty."""
+
+    table: pd.DataFrame
+    frames: int
+    names: list[str]
+    seconds: float
+    note: str | None = None
+
+
+def judge_blocks_scored(view: Registered) -> bool:
+    """Whether the family scores any judge block (the embedded demo scores none): gate (c)'s
+    joint model needs the judge's own surprisal covariates only then (4.3, 4.8)."""
+    settings, family = view.settings, view.family
+    judge_blocks = [b.name for b in settings.blocks if b.reader == "judge" and b.kind != "baseline"]
+    scored = family.reduced_design.scored_blocks if family.reduced_design else judge_blocks
+    return bool(set(judge_blocks) & set(scored))
+
+
+def reader_surprisal(load: Loader | None, bank: Bank, names: Sequence[str], view: Registered, role: str,
+                     log: Callable[[str], None]) -> SurprisalResult:
+    """Document-independent surprisal of every sentence one reader reads (4.3): the tested
+    checkpoint over the design's frames, reserves and secondary-class events; the base
+    checkpoint and the foreign judge (after its own system prompt) over the candidate frames.
+    ``load`` is None where the family registers no checkpoint for ``role``."""
+    settings, family, family_key = view.settings, view.family, view.family.key
+    empty = pd.DataFrame(columns=SURPRISAL_COLUMNS).assign(family=family_key)
+    if role == "judge" and not judge_blocks_scored(view):
+        return SurprisalResult(empty, 0, list(names), 0.0,
+                               "no judge block is scored for this family: gate (c) is not available")
+    if load is None:
+        return SurprisalResult(empty, 0, list(names), 0.0,
+                               "no base checkpoint registered: base analyses are not available")
+    model, tokenizer = load()
+    ids = surprisal_items(settings, bank, family) if role == "tested" else candidate_frames(settings, bank, family)
+    reader = "judge" if role == "judge" else "tested"
+    builder = DocumentBuilder(settings, bank, family_key, names, {reader: tokenizer})
+    started = time.perf_counter()
+    table = sentence_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
+                               log=log, reader=reader)
+    return SurprisalResult(table, len(ids), list(builder.names), time.perf_counter() - started)

@@ -16,12 +16,20 @@ a pure letter bias then shows up as one order failing high and the other low.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.registered import Registered
+from fear_assets.core.settings import ProtocolSettings
+from fear_assets.design.documents import DocumentBuilder
+from fear_assets.design.trials import candidate_frames
+from fear_assets.pilot.questions import zero_preference_questions
+from fear_assets.stimuli.bank import Bank
 
 INPUT_COLUMNS = ("item_id", "fear", "frame_set", "kind", "agent", "content", "rotation", "first_listed",
                  "logprob_a", "logprob_b")
@@ -142,3 +150,49 @@ def rewrite_message(rewrites: pd.DataFrame) -> str:
     """The items to rewrite before registration, as the frame-writing shortfall is stated."""
     return "; ".join(f"rewrite the content slot of {r.item_id} ({r.rewrite}: {r.n_failed}/{r.n_questions} questions "
                      f"outside the band, worst p = {r.worst_p_option1:.3f})" for r in rewrites.itertuples())
+
+
+#: Answers the tested model's log-probabilities of each answer letter after each question.
+Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
+
+
+@dataclass(frozen=True)
+class ZeroPreferenceResult:
+    """One row per item (listing orders averaged), the per-listing rows and the verdict (4.3)."""
+
+    table: pd.DataFrame
+    per_listing: pd.DataFrame
+    passed: bool
+    message: str
+    failures: pd.DataFrame
+
+
+def zero_preference(builder: DocumentBuilder, bank: Bank, view: Registered, answer: Answerer,
+                    log: Callable[[str], None]) -> ZeroPreferenceResult:
+    """Zero preference (4.3) of every candidate frame's forced-choice questions with no
+    document: option 1's probability averaged over the two listing orders, within the
+    registered band."""
+    questions = zero_preference_questions(builder, [bank.item(i) for i in
+                                                    candidate_frames(view.settings, bank, view.family)])
+    started = time.perf_counter()
+    lps = answer(questions, ["A", "B"])
+    log(f"zero preference: {len(questions)} questions in {time.perf_counter() - started:.1f} s")
+    band = view.settings.zero_preference
+    per_listing = zero_preference_table(
+        questions.drop(columns=["prefix", "body"]).assign(logprob_a=[x[0] for x in lps], logprob_b=[x[1] for x in lps]),
+        band.low, band.high)
+    keys = ["item_id", "fear", "frame_set", "kind", "agent", "content", "rotation"]
+    table = per_listing.groupby(keys, as_index=False, sort=False).agg(
+        p_option1=("p_option1", "mean"), p_option1_listed_first=("p_first", "mean"))
+    table["passes"] = within(table["p_option1"], band.low, band.high).astype(bool)
+    passed, message = zero_preference_verdict(table, band.low, band.high)
+    table = table.assign(family=view.family.key, gate_passed=passed, message=message)
+    return ZeroPreferenceResult(table, per_listing, passed, message, zero_preference_failures(table))
+
+
+def zero_preference_description(settings: ProtocolSettings) -> str:
+    """The zero-preference check's description, with the registered band (4.3)."""
+    band = settings.zero_preference
+    return ("Protocol 4.3 zero preference: with no document, every forced-choice question's option "
+            f"probabilities lie within the registered band ({band.low:g}-{band.high:g}), for agent sentences "
+            "and partners.")

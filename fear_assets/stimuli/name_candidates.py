@@ -24,7 +24,8 @@ import pandas as pd
 import yaml
 
 from fear_assets.core.errors import BankError
-from fear_assets.stimuli.name_gate import FORMS, name_token_table, passing_names
+from fear_assets.core.registered import Registered
+from fear_assets.stimuli.name_gate import FORMS, name_token_table, passing_names, study_tokenizers
 from fear_assets.lm.registered_tokenizers import TokenizerAdapter
 
 CANDIDATES_FILE = "name_candidates.yaml"
@@ -112,3 +113,24 @@ def proposal_message(family: str, proposal: CandidateProposal, n_candidates: int
                 f"of every tokenizer ({', '.join(proposal.passing) or 'none'}); {k} are needed, so no complete "
                 f"name list can be proposed with this configuration's tokenizers")
     return head + ". The registered names are unchanged; applying a proposal is an amendment (DECISIONS 8)."
+
+
+@dataclass(frozen=True)
+class NameCandidatesResult:
+    """The measured candidate names of one family's study and the proposal (4.2; DECISIONS 8)."""
+
+    table: pd.DataFrame
+    proposal: CandidateProposal
+    candidates: list[str]
+    message: str
+
+
+def name_candidates(bank_dir: Path, bank_text: str, view: Registered, cache_dir: Path) -> NameCandidatesResult:
+    """Every candidate of the list shipped with the bank measured as the name gate measures
+    the registered names, and the first passing ones proposed (never applied)."""
+    settings, family_key = view.settings, view.family.key
+    candidates = load_candidates(bank_dir, settings.names, bank_text)
+    k = settings.selected_name_count
+    proposal = propose_names(candidates, study_tokenizers(settings, family_key, cache_dir), k)
+    table = proposal.table.assign(family=family_key, tokens=proposal.table["tokens"].map(" ".join))
+    return NameCandidatesResult(table, proposal, candidates, proposal_message(family_key, proposal, len(candidates), k))

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from fear_assets.lm.registered_tokenizers import Token, TokenizerAdapter, tokenizer_for
+from fear_assets.core.registered import Registered
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings
 
 FORMS = ("mid_sentence", "line_start", "message_start")
@@ -278,3 +279,56 @@ def selected_names(name_gate: pd.DataFrame) -> list[str]:
         raise ValueError(f"the name_gate table holds {len(stored)} different selections for one family; "
                          "re-materialise name_gate for this family")
     return list(json.loads(stored.pop()))
+
+
+@dataclass(frozen=True)
+class NameGateStep:
+    """The stored name-gate table of one family and what its metadata shows (4.2)."""
+
+    table: pd.DataFrame
+    gate: NameGateResult
+    #: Tokens per name (rows in registered order) by tokenizer and form.
+    tokens_per_name: pd.DataFrame
+    families: list[str]
+    names: tuple[str, ...]
+
+
+def name_gate(view: Registered, cache_dir: Path) -> NameGateStep:
+    """The name gate of one family's study (4.2), as stored: every measured name with the
+    selection and the verdict on every row."""
+    settings, family_key = view.settings, view.family.key
+    result = run_name_gate(settings, family_key, cache_dir)
+    table = result.table.assign(family=family_key, selected_names=json.dumps(result.selected),
+                                gate_passed=result.passed)
+    pivot = table.pivot_table(index="name", columns=["tokenizer", "form"], values="n_tokens", aggfunc="max")
+    return NameGateStep(table, result, pivot.reindex(settings.names), study_families(settings, family_key),
+                        settings.names)
+
+
+@dataclass(frozen=True)
+class NameGateVerdict:
+    passed: bool
+    description: str
+    #: Which tokenizer splits which name, per tokenizer and form.
+    splits: pd.DataFrame
+
+
+def name_gate_verdict(name_gate: pd.DataFrame) -> NameGateVerdict:
+    """The stored gate's verdict (4.2) and, where it fails, what to do before registration."""
+    passed = bool(name_gate["gate_passed"].iloc[0])
+    split = name_gate[~name_gate["single_token"]]
+    splits = split.groupby(["tokenizer", "form"])["name"].apply(lambda s: ", ".join(s)).reset_index()
+    return NameGateVerdict(
+        passed,
+        ("five names pass: " + ", ".join(selected_names(name_gate))) if passed else
+        "fewer than five registered names are single tokens everywhere; the first five in registered order stand "
+        "in and every downstream output is flagged. Before registration: choose other names or other "
+        "judge/scorer checkpoints (a protocol amendment), then re-run the gate.",
+        splits)
+
+
+def name_gate_description(settings: ProtocolSettings) -> str:
+    """The name-gate check's description, with the registered number of names (4.2)."""
+    return (f"Protocol 4.2 name gate: at least {settings.selected_name_count} registered names are single tokens "
+            "in every form in every tokenizer of the study (tested, base, judge and scorer of every registered "
+            "family). Blocking in confirmatory mode.")

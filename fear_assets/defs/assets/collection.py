@@ -6,12 +6,12 @@ import json
 import dagster as dg
 import pandas as pd
 
-from fear_assets.defs.assets.pilot.scoring import scored_rows
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.defs.assets.steps import not_applicable_output, score_table, trial_table_output
 from fear_assets.defs.deploy import GPU_OP_TAGS
-from fear_assets.design.accounting import trial_accounting as account
-from fear_assets.design.trials import registered_selection
+from fear_assets.core.registered import registered
+from fear_assets.design.accounting import accounting_verdict, close_accounting
+from fear_assets.design.scored import scored_rows
 from fear_assets.defs.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
                                     family_of_partition, family_partitions, partition_parts)
 from fear_assets.registration.record import replacements_of
@@ -41,8 +41,7 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
     if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
         yield skipped
         return
-    blocks = [b.name for b in settings.blocks if not b.is_pilot]
-    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks,
+    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, False,
                              replacements_of(_record(registration_record)))
 
 
@@ -80,13 +79,9 @@ def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResour
     registered count formula, the expected and actual rows and the per-cell (condition
     code) counts; a TOTAL row reconciles the blocks with the whole table", over the pilot
     and the confirmatory trial tables together."""
-    settings, bank = protocol.settings(), protocol.bank()
-    family_key = context.partition_key
-    # A registered replacement swaps one frame for another (4.3), so the counts the formula
-    # reads are those of the registered sets; the frames themselves are the tables'.
-    selection = registered_selection(settings, bank, settings.family(family_key))
-    trials = pd.concat([pilot_trial_table, confirmatory_trial_table], ignore_index=True)
-    table = account(settings, family_key, selection, trials)
+    result = close_accounting(pilot_trial_table, confirmatory_trial_table, protocol.bank(),
+                              registered(protocol.settings(), context.partition_key))
+    table, trials = result.table, result.trials
     shown = table[table["status"] != "not applicable"]
     return dg.Output(table, metadata={
         "trials": len(trials), "pilot trials": len(pilot_trial_table),
@@ -102,11 +97,8 @@ def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResour
     "D2 closed accounting: every block's rows and every cell's rows equal the registered "
     "formula at the depths materialised, and the blocks sum to the trial tables."))
 def accounting_closed(trial_accounting: pd.DataFrame) -> dg.AssetCheckResult:
-    bad = trial_accounting[trial_accounting["status"] == "MISMATCH"]
+    passed, description, bad = accounting_verdict(trial_accounting)
     return dg.AssetCheckResult(
-        passed=bad.empty,
-        description="the accounting is closed" if bad.empty else
-        f"{len(bad)} block(s) differ from the registered formula: rebuild the trial tables from the frozen "
-        "settings and bank (a partial or stale partition is the usual cause)",
+        passed=passed, description=description,
         metadata={"mismatches": dg.MetadataValue.md(bad.to_markdown(index=False) if len(bad) else "none")},
     )

@@ -6,28 +6,26 @@ import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import dagster as dg
 import numpy as np
 import pandas as pd
 
-from fear_assets.models.primary_model import Fitter, Priors
+from fear_assets.core.registered import registered
+from fear_assets.models.primary_model import Fitter, registered_fitter
 from fear_assets.design.applicable import not_applicable
 from fear_assets.design.document_scores import ScoringSettings, score_requests
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.requests import build_requests
-from fear_assets.design.table import build_trial_table
-from fear_assets.design.trials import candidate_frames, registered_selection
-from fear_assets.core.errors import DesignError
+from fear_assets.design.trials import candidate_frames
+from fear_assets.design.table import NameGateBlocks, render_trial_table
 from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.choices import choice_batch
 from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.integrity import manifest_files
 from fear_assets.lm.models import registry
 from fear_assets.lm.runner import run
-from fear_assets.stimuli.name_gate import selected_names
 from fear_assets.defs.progress import score_partition
 from fear_assets.lm.tokenizers import end_of_turn_ids, family_tokenizers
 from fear_assets.design.trial_scores import assemble
@@ -129,11 +127,9 @@ def candidates(settings, bank, family_key: str) -> list[str]:
 
 
 def fitter(settings) -> Fitter:
-    """The registered model under the registered priors and sampler (6.1), its frame effects
-    sampled as the registered rule picks per fit (D3b; ``analysis.parametrisation``)."""
-    s = settings.sampler
-    return Fitter(Priors.from_settings(settings), s.draws, s.tune, s.chains,
-                  rule=settings.fitting.frame_parametrisation)
+    """The registered fitter (6.1; ``models.primary_model.registered_fitter``). The priors, the
+    sampler and the frame rule are the same for every family, so any family's view serves."""
+    return registered_fitter(registered(settings, next(iter(settings.families))))
 
 
 def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
@@ -149,45 +145,26 @@ def not_applicable_output(context, settings, family_key: str, depth: str, band=N
 
 
 def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,
-                       depth: str, blocks: list[str], replacements: dict[str, str]) -> dg.Output:
-    """Render one family x depth of the masked trial table for ``blocks`` (4.4, D2), with the
-    frame replacements a registered record makes (4.3); metadata a reader checks it by."""
-    settings, bank = protocol.settings(), protocol.bank()
-    stored = set(frame_bank["bank_sha256"])
-    if stored != {bank.sha256}:
-        raise DesignError(f"frame_bank in DuckDB has bank hash {sorted(stored)} but the bank on disk is "
-                          f"{bank.sha256}: re-materialise frame_bank first")
-    family = settings.family(family_key)
-    index = family.depth_index(depth)
-    started = time.perf_counter()
-    tokenizers = family_tokenizers(settings, family, protocol.cache_dir)
-    names = selected_names(name_gate)
-    gate_passed = bool(name_gate["gate_passed"].iloc[0])
-    if not gate_passed and settings.mode == "confirmatory":
-        # A check blocks only inside its own run; the gate's stored verdict blocks every later one.
-        raise dg.Failure(description=f"the name gate failed for {family_key} and the settings are in confirmatory "
-                                     "mode: nothing downstream is built. See the name_gate asset's check for which "
-                                     "tokenizer splits which name.")
-    selection = registered_selection(settings, bank, family, replacements)
-    table, _ = build_trial_table(settings, bank, family_key, index, tokenizers, names, selection, blocks=blocks)
-    table["name_gate_passed"] = gate_passed
-    elapsed = time.perf_counter() - started
-    context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {elapsed:.1f} s "
-                     f"({len(table) / max(elapsed, 1e-9):.0f} trials/s)")
-    by_block = table.groupby("block", sort=False).size().reset_index(name="trials")
-    sample = table[table["block"].isin(["pilot_primary", "primary"])].head(1)
-    sample_doc = (DocumentBuilder(settings, bank, family_key, names, tokenizers).document_text(sample.iloc[0].to_dict())
-                  if len(sample) else "")
-    reduced = family.reduced_design
+                       depth: str, pilot: bool, replacements: dict[str, str]) -> dg.Output:
+    """One family x depth of the masked trial table (``design.table.render_trial_table``) with
+    the metadata a reader checks it by; a failed name gate in confirmatory mode fails the run."""
+    try:
+        result = render_trial_table(frame_bank, name_gate, protocol.bank(), registered(protocol.settings(), family_key),
+                                    protocol.cache_dir, depth, pilot, replacements)
+    except NameGateBlocks as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    table = result.table
+    context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {result.seconds:.1f} s "
+                     f"({len(table) / max(result.seconds, 1e-9):.0f} trials/s)")
     return dg.Output(table, metadata={
-        "trials": len(table), "depth tokens": family.tokens_at(index),
+        "trials": len(table), "depth tokens": result.depth_tokens,
         "distinct distractors": int(table["distractor_sha256"].nunique()) if len(table) else 0,
         "max document tokens": int(table["n_tokens"].max()) if len(table) else 0,
-        "design": "reduced (demonstration): " + reduced.reason if reduced else "registered full design",
-        "names": ", ".join(names) + ("" if gate_passed else " (NAME GATE FAILED: registered-order stand-ins)"),
+        "design": result.design,
+        "names": ", ".join(result.names) + ("" if result.gate_passed else " (NAME GATE FAILED: registered-order stand-ins)"),
         "frame replacements (registered record)": json.dumps(replacements) if replacements else "none",
-        "trials by block": dg.MetadataValue.md(by_block.to_markdown(index=False)),
-        "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{sample_doc}\n```"),
+        "trials by block": dg.MetadataValue.md(result.by_block.to_markdown(index=False)),
+        "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{result.sample_document}\n```"),
     })
 
 

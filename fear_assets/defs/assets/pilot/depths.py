@@ -3,18 +3,14 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.analysis.controls import pilot_control_rows
-from fear_assets.models.data import model_table
-from fear_assets.models.fits import fit_cells
-from fear_assets.analysis.unmasking import unmask_pilot
-from fear_assets.defs.assets.steps import fitter as registered_fitter
-from fear_assets.core.hashing import derived_seed
-from fear_assets.defs.modes import GATES_BLOCK
-from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
-from fear_assets.pilot.depth_rules import band_keys, depth_band, h5_depth, pooled_by_depth, stored_band
-from fear_assets.pilot.gate_c_scale import SIGMA_BLOCKS, reader_sigma, sigma_depths
-from fear_assets.defs.resources.protocol import ProtocolResource
+from fear_assets.analysis.pilot_controls import controls_description, controls_verdict
+from fear_assets.analysis.pilot_controls import pilot_controls as pilot_controls_step
+from fear_assets.core.registered import registered
 from fear_assets.core.settings import depth_key
+from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.defs.resources.protocol import ProtocolResource
+from fear_assets.pilot.depth_rules import band_keys, pilot_depth_band
 
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
@@ -29,23 +25,11 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     of trials (else the two closest to 50%); the H5 depth is the deepest depth with pooled
     forced-choice accuracy in 0.60-0.90 (else the one closest to 0.75). A mention is the
     resolved outcome of 4.5 (``report_scoring``); refusals do not enter the rate."""
-    settings = protocol.settings()
-    by_depth = pooled_by_depth(pilot_scores, report_scoring)  # kept pilot trials only (4.8)
-    rule, h5 = settings.depth_band_rule, settings.h5_depth_rule
-    band, band_rule = depth_band(dict(zip(by_depth.depth_index, by_depth.neutral_mention_rate)),
-                                 rule.neutral_mention_low, rule.neutral_mention_high, rule.min_depths,
-                                 rule.fallback_target)
-    h5_index, h5_rule = h5_depth(dict(zip(by_depth.depth_index, by_depth.fc_accuracy.astype(float))),
-                                 h5.accuracy_low, h5.accuracy_high, h5.fallback_target)
-    family = settings.family(context.partition_key)
-    table = by_depth.assign(
-        family=context.partition_key, depth=[depth_key(int(d)) for d in by_depth.depth_index],
-        depth_tokens=[family.tokens_at(int(d)) for d in by_depth.depth_index],
-        in_band=by_depth.depth_index.isin(band), is_h5_depth=by_depth.depth_index == h5_index,
-        depth_band=",".join(map(str, band)), h5_depth=h5_index, band_rule=band_rule, h5_rule=h5_rule)
+    result = pilot_depth_band(pilot_scores, report_scoring, registered(protocol.settings(), context.partition_key))
+    table = result.table
     return dg.Output(table, metadata={
-        "depth band": ", ".join(band_keys(band)), "band rule": band_rule,
-        "H5 depth": depth_key(h5_index), "H5 rule": h5_rule,
+        "depth band": ", ".join(band_keys(result.band)), "band rule": result.band_rule,
+        "H5 depth": depth_key(result.h5_index), "H5 rule": result.h5_rule,
         "by depth": dg.MetadataValue.md(table[["depth", "depth_tokens", "trials", "answers", "refusals", "mentions",
                                                "neutral_mention_rate", "fc_accuracy", "in_band", "is_h5_depth"]]
                                         .round(3).to_markdown(index=False)),
@@ -67,58 +51,25 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     strengthened once before registration. Also records gate (c)'s scale (6.2): the
     trial-level residual SD implied by the primary model fitted to the pilot over all pilot
     depths, for the tested model and, where scored, the judge (with its own surprisals)."""
-    settings, bank = protocol.settings(), protocol.bank()
-    family_key = context.partition_key
-    band = band_keys(stored_band(pilot_depths))
-    every = pd.concat([pilot_scores, pilot_control_scores], ignore_index=True)
-    fears_of = {i: bank.item(i).group for i in set(every["item_id"])}
-
-    def table(block: str, depths=None, surprisal: pd.DataFrame = sentence_surprisal) -> pd.DataFrame:
-        rows = every[(every["block"] == block) & (every["depth"].isin(band if depths is None else depths))]
-        return (model_table(unmask_pilot(rows, assignment_key), surprisal, fears_of, settings.neutral_partner_option)
-                if len(rows) else rows)
-
-    fitter = registered_fitter(settings)
-    seed = lambda name: derived_seed(settings.master_seed, "pilot_controls", family_key, name) % (2**31)
-    # Gate (c)'s sigma per reader (6.2): its depths and statistic are decided in pilot/gate_c_scale.py.
-    all_depths = sigma_depths(every.loc[every["block"] == SIGMA_BLOCKS["tested"], "depth"])
-    sigma = reader_sigma(lambda t: fit_cells(fitter, t, settings.fears, band, seed("primary"),
-                                             SIGMA_BLOCKS["tested"]).idata,
-                         table(SIGMA_BLOCKS["tested"], all_depths), "tested")
-    rule = settings.positive_controls
-    rows = pilot_control_rows(fitter, table, table("pilot_primary"), settings.fears, band, seed,
-                              settings.decision.hdi_prob, rule.pass_min_mean, rule.hdi_above, context.log.info)
-    # Gate (c) standardises each reader by its own pilot residual SD: the judge's, where scored.
-    judge = (table(SIGMA_BLOCKS["judge"], all_depths, judge_sentence_surprisal) if len(judge_sentence_surprisal)
-             else pd.DataFrame())
-    judge_sigma = reader_sigma(lambda t: fit_cells(fitter, t, settings.fears, band, seed("judge"),
-                                                   SIGMA_BLOCKS["judge"]).idata, judge, "judge")
-    result = pd.DataFrame(rows).assign(family=family_key, band_depths=",".join(band), pilot_sigma=sigma,
-                                       pilot_sigma_judge=judge_sigma, pilot_sigma_depths=",".join(all_depths))
+    step = pilot_controls_step(pilot_scores, pilot_control_scores, pilot_depths, assignment_key, sentence_surprisal,
+                               judge_sentence_surprisal, protocol.bank(),
+                               registered(protocol.settings(), context.partition_key), context.log.info)
+    result = step.table
     return dg.Output(result, metadata={
         "controls": dg.MetadataValue.md(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]
                                         .round(3).to_markdown(index=False)),
-        "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(sigma, 4),
+        "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(step.sigma, 4),
         # How many model shapes this step compiled (others reused from an earlier step of the
         # process): run metadata, not part of the stored table, which is the same either way.
-        "model compilations": fitter.compilations,
+        "model compilations": step.compilations,
     })
 
 
-@dg.asset_check(asset=pilot_controls, blocking=GATES_BLOCK, description=(
-    "Protocol 4.6 / D4: every positive control passes in the pilot (posterior mean >= 0.15 "
-    "and 99% HDI wholly above zero). A failing control's manipulation may be strengthened "
-    "once before registration."))
+@dg.asset_check(asset=pilot_controls, blocking=GATES_BLOCK, description=controls_description(DEFINITION_SETTINGS))
 def positive_controls_pass(pilot_controls: pd.DataFrame) -> dg.AssetCheckResult:
-    bad = pilot_controls[~pilot_controls["passed"].astype(bool)]
+    verdict = controls_verdict(pilot_controls)
     return dg.AssetCheckResult(
-        passed=bad.empty,
-        description="all four controls pass" if bad.empty else
-        "failing: " + "; ".join(f"{r.control} ({r.reason})" for r in bad.itertuples()) +
-        ". Strengthen the failing manipulation once before registration (4.6); if a control fails in "
-        "confirmatory data no Section 8 reading is made.",
+        passed=verdict.passed, description=verdict.description,
         metadata={"controls": dg.MetadataValue.md(pilot_controls[["control", "mean", "hdi_low", "hdi_high", "passed"]]
                                                   .round(3).to_markdown(index=False)),
-                  "what it means": "none" if bad.empty else
-                  "the protocol's manipulations do not move the model as predicted: without working controls "
-                  "no null on H2 can be read (D5 row 1)"})
+                  "what it means": verdict.what_it_means})

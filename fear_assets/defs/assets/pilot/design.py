@@ -25,8 +25,7 @@ def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResou
     if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
         yield skipped
         return
-    blocks = [b.name for b in settings.blocks if b.is_pilot]
-    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, blocks, {})
+    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, True, {})
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb", output_required=False,

@@ -6,10 +6,10 @@ import pandas as pd
 
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.defs.assets.steps import not_applicable_output, score_table
-from fear_assets.design.scored import control_rows, scored_rows  # scored_rows: collection imports it here
+from fear_assets.design.scored import control_rows, scored_rows
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
-from fear_assets.pilot.depth_rules import band_keys, stored_band
+from fear_assets.pilot.depth_rules import band_depth_keys
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
 
@@ -52,7 +52,7 @@ def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolRe
     over the band"). A depth outside the band materialises nothing."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    band = set(band_keys(stored_band(pilot_depths)))
+    band = band_depth_keys(pilot_depths)
     if (skipped := not_applicable_output(context, settings, family_key, depth, band)) is not None:
         yield skipped
         return

@@ -1,27 +1,23 @@
 """The model manifest and the document-free surprisal of every sentence (protocol 4.1, 4.3,
 Appendix B): what matching (4.3) and the covariates (D3b) read."""
 
-import json
-import time
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 
+from fear_assets.core.registered import registered
 from fear_assets.defs.deploy import GPU_OP_TAGS
-from fear_assets.design.documents import DocumentBuilder
-from fear_assets.design.trials import candidate_frames, surprisal_items
-from fear_assets.lm.engine import TeacherForcedEngine
-from fear_assets.lm.models import manifest, manifest_digest, registry
-from fear_assets.stimuli.name_gate import selected_names
-from fear_assets.pilot.surprisal import SURPRISAL_COLUMNS
-from fear_assets.pilot.surprisal import sentence_surprisal as compute_surprisal
 from fear_assets.defs.modes import GATES_BLOCK
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
-from fear_assets.registration.compose import note_now
-from fear_assets.registration.record import analysis_code_sha256, frozen_differences, read_family_record
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
+from fear_assets.lm.models import registry
+from fear_assets.pilot.manifest import model_manifest as model_manifest_step
+from fear_assets.pilot.surprisal import SurprisalResult, reader_surprisal
+from fear_assets.registration.record import read_family_record
+from fear_assets.registration.record_check import record_match
+from fear_assets.stimuli.name_gate import selected_names
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -31,27 +27,10 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
     base, scorer, judge) the checkpoint, dtype, context window, attention implementation,
     the sha256 of every weight, config and tokenizer file, and the library versions. Weights
     are never downloaded: a missing model fails with what to place where."""
-    settings = protocol.settings()
-    family = context.partition_key
-    rows, seen = [], {}
-    for role, spec in registry(settings, family).items():
-        if spec is None:
-            rows.append({"family": family, "role": role, "checkpoint": "not available", "file": "", "sha256": "",
-                         "dtype": "", "context_window": 0, "attn_implementation": "", "versions": ""})
-            continue
-        if spec.checkpoint not in seen:
-            seen[spec.checkpoint] = manifest(spec, Path(protocol.cache_dir))
-        m = seen[spec.checkpoint]
-        for name, digest in {**m["files"], **{f"source:{k}": v for k, v in m["source_files"].items()}}.items():
-            rows.append({"family": family, "role": role, "checkpoint": spec.checkpoint, "file": name, "sha256": digest,
-                         "dtype": spec.dtype, "context_window": spec.context_window,
-                         "attn_implementation": spec.attn_implementation, "versions": json.dumps(m["versions"])})
-    table = pd.DataFrame(rows)
-    digest = manifest_digest(table)
-    shown = table.groupby(["role", "checkpoint"]).size().reset_index(name="files")
-    return dg.Output(table, data_version=dg.DataVersion(digest), metadata={
-        "manifest_sha256": digest, "checkpoints": dg.MetadataValue.md(shown.to_markdown(index=False)),
-        "stand-in": settings.family(family).stand_in or "none",
+    result = model_manifest_step(registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir))
+    return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata={
+        "manifest_sha256": result.digest, "checkpoints": dg.MetadataValue.md(result.shown.to_markdown(index=False)),
+        "stand-in": protocol.settings().family(context.partition_key).stand_in or "none",
     })
 
 
@@ -66,21 +45,11 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
     if record is None:
         return dg.AssetCheckResult(passed=True, description="no registration record yet: nothing to compare",
                                    metadata={"record": "none"})
-    settings, bank = protocol.settings(), protocol.bank()
-    current = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
-               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256(),
-               **note_now(record)}
-    diffs = frozen_differences(record, current)
+    match = record_match(record, protocol.settings(), protocol.bank(), model_manifest)
     return dg.AssetCheckResult(
-        passed=not diffs,
-        # Only a registered record is frozen; a draft or refused one is rewritten by the next
-        # registration_record run (the fix after a failed gate), so differing from it only warns.
-        severity=dg.AssetCheckSeverity.ERROR if record["status"] == "registered" else dg.AssetCheckSeverity.WARN,
-        description=f"matches the {record['status']} registration record" if not diffs else
-        "differs from the " + record["status"] + " registration record: " + "; ".join(diffs) +
-        (". Restore the registered inputs, or file an amendment." if record["status"] == "registered" else
-         ". The pilot's draft record is rewritten when registration_record is next materialised."),
-        metadata={"status": record["status"], "differences": len(diffs)})
+        passed=match.passed,
+        severity=dg.AssetCheckSeverity.ERROR if match.frozen else dg.AssetCheckSeverity.WARN,
+        description=match.description, metadata={"status": record["status"], "differences": match.differences})
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
@@ -94,19 +63,11 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
     design's secondary-class events (agentless: one sentence per option and rotation, matched
     to the agent frames). Names are the name gate's selection, the same names the documents
     carry (4.2)."""
-    settings, bank = protocol.settings(), protocol.bank()
-    family_key = context.partition_key
-    family = settings.family(family_key)
-    spec = registry(settings, family_key)["tested"]
-    model, tokenizer = language_model.load(spec)
-    ids = surprisal_items(settings, bank, family)
-    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"tested": tokenizer})
-    started = time.perf_counter()
-    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
-                              log=context.log.info)
+    result, _ = _surprisal(context, protocol, language_model, name_gate, "tested")
+    table = result.table
     return dg.Output(table, metadata={
-        "sentences": len(table), "frames": len(ids), "seconds": round(time.perf_counter() - started, 1),
-        "names": ", ".join(builder.names),
+        "sentences": len(table), "frames": result.frames, "seconds": round(result.seconds, 1),
+        "names": ", ".join(result.names),
         "mean rest NLL by agent": dg.MetadataValue.md(
             table.groupby("agent")[["rest_nll", "name_nll"]].mean().round(3).to_markdown()),
     })
@@ -119,18 +80,7 @@ def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoco
     """The same document-independent surprisal under the family's base checkpoint (4.3): the
     base-against-assistant comparison uses only frames that pass matching under both
     checkpoints of the lineage. Empty (with a note) for a family without a base checkpoint."""
-    settings, bank = protocol.settings(), protocol.bank()
-    family_key = context.partition_key
-    spec = registry(settings, family_key)["base"]
-    if spec is None:
-        return dg.Output(pd.DataFrame(columns=SURPRISAL_COLUMNS).assign(family=family_key),
-                         metadata={"note": "no base checkpoint registered: base analyses are not available"})
-    model, tokenizer = language_model.load(spec)
-    ids = candidate_frames(settings, bank, settings.family(family_key))
-    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"tested": tokenizer})
-    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
-                              log=context.log.info)
-    return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})
+    return _surprisal_output(_surprisal(context, protocol, language_model, name_gate, "base"))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
@@ -142,18 +92,23 @@ def judge_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoc
     surprisal covariates. Empty (with a note) where the family scores no judge block (the
     embedded demo), so gate (c) then says it is not available. Names are the name gate's
     selection, as in the documents (4.2)."""
-    settings, bank = protocol.settings(), protocol.bank()
-    family_key = context.partition_key
-    family = settings.family(family_key)
-    judge_blocks = [b.name for b in settings.blocks if b.reader == "judge" and b.kind != "baseline"]
-    scored = family.reduced_design.scored_blocks if family.reduced_design else judge_blocks
-    if not set(judge_blocks) & set(scored):
-        return dg.Output(pd.DataFrame(columns=SURPRISAL_COLUMNS).assign(family=family_key),
-                         metadata={"note": "no judge block is scored for this family: gate (c) is not available"})
-    spec = registry(settings, family_key)["judge"]
-    model, tokenizer = language_model.load(spec)
-    ids = candidate_frames(settings, bank, family)
-    builder = DocumentBuilder(settings, bank, family_key, selected_names(name_gate), {"judge": tokenizer})
-    table = compute_surprisal(TeacherForcedEngine(model), tokenizer, builder, [bank.item(i) for i in ids],
-                              log=context.log.info, reader="judge")
-    return dg.Output(table, metadata={"sentences": len(table), "checkpoint": spec.checkpoint})
+    return _surprisal_output(_surprisal(context, protocol, language_model, name_gate, "judge"))
+
+
+def _surprisal(context, protocol: ProtocolResource, language_model: LanguageModelResource, name_gate: pd.DataFrame,
+               role: str) -> tuple[SurprisalResult, str]:
+    """One reader's surprisal (``pilot.surprisal.reader_surprisal``) on the model resource,
+    with the checkpoint it ran under."""
+    settings, family_key = protocol.settings(), context.partition_key
+    spec = registry(settings, family_key)[role]
+    load = (lambda: language_model.load(spec)) if spec is not None else None
+    result = reader_surprisal(load, protocol.bank(), selected_names(name_gate), registered(settings, family_key),
+                              role, context.log.info)
+    return result, spec.checkpoint if spec is not None else ""
+
+
+def _surprisal_output(run: tuple[SurprisalResult, str]) -> dg.Output:
+    result, checkpoint = run
+    if result.note is not None:
+        return dg.Output(result.table, metadata={"note": result.note})
+    return dg.Output(result.table, metadata={"sentences": len(result.table), "checkpoint": checkpoint})
