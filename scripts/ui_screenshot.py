@@ -11,20 +11,22 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from PIL import Image  # noqa: E402
 from selenium import webdriver  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 from fear_assets_tests.browser_ui import INSTANCE_YAML, WORKSPACE_YAML, free_port, start_ui, stop_ui  # noqa: E402
 
 OUT = ROOT / "docs" / "ui_asset_graph.png"
+WIDTH, HEIGHT = 1600, 1000
 # Assets of three different groups: all three are drawn only when every group is expanded.
+STAGES = ("stimuli", "pilot", "registration", "collection", "probes", "analysis", "reading")
 EXPECTED = ("frame_bank", "registration_record", "section8_reading")
 
 
@@ -47,12 +49,13 @@ def main() -> None:
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1600,1000"):
+                f"--window-size={WIDTH},{HEIGHT}"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
-    # The window's frame takes part of --window-size: fix the page itself at 1600x1000.
+    # The expanded graph fitted into 1600x1000 is drawn too small for Dagster to render its
+    # nodes: lay the page out at twice the size, then scale the picture down.
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1600, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+                           {"width": 2 * WIDTH, "height": 2 * HEIGHT, "deviceScaleFactor": 1, "mobile": False})
     try:
         base = f"http://127.0.0.1:{port}"
         driver.get(f"{base}/assets")
@@ -61,39 +64,32 @@ def main() -> None:
         skip[0].click()
         driver.get(f"{base}/asset-groups")
         _until(lambda: "stimuli" in driver.find_element(By.TAG_NAME, "body").text, 120, "the lineage shows its groups")
-        time.sleep(3)
-        # More room for the graph: hide the navigation and the group list.
-        for label in ("Hide navigation",):
-            for element in driver.find_elements(By.XPATH, f"//*[normalize-space(text())={label!r}]"):
-                element.click()
+        # More room for the graph: hide the navigation and the group list (both kept by the UI).
+        for element in driver.find_elements(By.XPATH, "//*[normalize-space(text())='Hide navigation']"):
+            element.click()
         lists = driver.find_elements(By.XPATH, "//input[starts-with(@placeholder, 'Jump to')]/following::button[1]")
         if lists:
             lists[0].click()
         time.sleep(2)
-        # "Expand all groups" is an item of the graph's settings menu (a button at the right
-        # edge): open each right-edge button until the item shows, then click it.
+        # The lineage keeps its expanded groups in the URL (`expanded=<group id>,...`; the id is
+        # `global@global:<group>`, or `<repository>@<location>:<group>` with groups per code
+        # location): open it with every stage group expanded, both id forms given.
+        ids = [f"{prefix}:{group}" for group in STAGES
+               for prefix in ("global@global", "__repository__@two_facts_one_gate")]
+        driver.get(f"{base}/asset-groups?expanded={urllib.parse.quote(','.join(ids))}")
         drawn = lambda: all(key in driver.page_source for key in EXPECTED)  # noqa: E731
-        width = driver.execute_script("return window.innerWidth")
-        for button in driver.find_elements(By.TAG_NAME, "button"):
-            if not button.is_displayed() or button.location["x"] < 0.9 * width:
-                continue
-            button.click()
-            time.sleep(1)
-            items = [e for e in driver.find_elements(By.XPATH, "//*[normalize-space(text())='Expand all groups']")
-                     if e.is_displayed()]
-            if items:
-                items[0].click()
-                break
-            ActionChains(driver).send_keys(Keys.ESCAPE).perform()
-        _until(drawn, 30, f"every group expanded ({', '.join(EXPECTED)} drawn)")
+        try:
+            _until(drawn, 120, f"every group expanded ({', '.join(EXPECTED)} drawn)")
+        except RuntimeError:
+            driver.save_screenshot(str(home / "not_expanded.png"))
+            raise
         time.sleep(5)  # let the expanded graph lay out and fit the view
         driver.save_screenshot(str(home / "asset_graph.png"))
-        shutil.copy(home / "asset_graph.png", OUT)
+        Image.open(home / "asset_graph.png").convert("RGB").resize((WIDTH, HEIGHT), Image.LANCZOS).save(OUT)
         print(f"wrote {OUT}")
     finally:
         driver.quit()
         stop_ui(proc)
-
 
 if __name__ == "__main__":
     main()
