@@ -282,7 +282,7 @@ def match_frames(sentence_surprisal: pd.DataFrame, base_sentence_surprisal: pd.D
     from, and ``passes_base`` (frames that also pass under the base checkpoint)."""
     settings, family_key = view.settings, view.family.key
     rule = settings.matching
-    event_classes = settings.bank_rules["event_classes"]
+    event_classes = settings.bank.event_classes
     diffs = frame_differences(sentence_surprisal)
     verdicts = frame_verdicts(diffs, rule.max_abs_difference)
     numbers = {i: bank.item(i).number for i in verdicts["item_id"]}

@@ -180,7 +180,7 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
     from_targets = label_frequencies_records(labels)
     expected = len(batch_keys_of(settings, family_key))
     section = {"demo": demo, "note": ("REDUCED DEMO SIMULATION, NOT the registered simulation: "
-                                      f"{settings.section('power')['demo']}") if demo else "",
+                                      f"{settings.power.demo.as_written()}") if demo else "",
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
                "frame_parametrisation": frame_forms_record(view.frame_parametrisation, labels),

@@ -10,15 +10,14 @@ from fear_assets.analysis import steps as analysis_steps
 from fear_assets.analysis.plots import markdown_image
 from fear_assets.core.hashing import sha256_file
 from fear_assets.core.registered import registered
-from fear_assets.core.settings import load_settings
 from fear_assets.defs.assets.steps import readable_markdown
 from fear_assets.defs.modes import GATES_BLOCK
-from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.registration.freeze import read_record
 from fear_assets.defs.resources.protocol import ProtocolResource
 
 #: 6.1's rule in the checks' descriptions, from the registered settings file.
-CONVERGENCE_RULE = analysis_steps.convergence_description(load_settings())
+CONVERGENCE_RULE = analysis_steps.convergence_description(DEFINITION_SETTINGS)
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
 

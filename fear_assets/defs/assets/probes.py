@@ -8,9 +8,8 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.core.registered import registered
-from fear_assets.core.settings import load_settings
 from fear_assets.probes.steps import at_chance_description, controls_off_chance, frame_set_probe
 from fear_assets.report import plots as report_plots
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -66,7 +65,7 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, confir
 
 
 #: Built from the registered settings file (the description is fixed when the definitions load).
-AT_CHANCE_DOC = at_chance_description(load_settings())
+AT_CHANCE_DOC = at_chance_description(DEFINITION_SETTINGS)
 
 
 def at_chance(controls: pd.DataFrame) -> dg.AssetCheckResult:
