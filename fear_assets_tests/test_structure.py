@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from fear_assets.core.errors import SettingsError
-from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, depth_index, depth_key, load_settings
+from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, DepthBand, depth_index, depth_key, load_settings
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fear_assets"
 STAGES = ("stimuli", "pilot", "registration", "collection", "probes", "analysis", "reading")
@@ -71,6 +71,16 @@ def test_one_depth_key_conversion():
             depth_index(bad)
     with pytest.raises(ValueError):
         depth_key(0)
+
+
+def test_the_depth_band_is_one_value_in_every_stored_form():
+    # pilot_depths stores "1,3", the power estimates "d1,d3", the record [1, 3]: one value.
+    band = DepthBand.of([1, 3])
+    assert DepthBand.parse(band.stored) == DepthBand.parse(band.stored_keys) == band
+    assert (band.stored, band.stored_keys, band.keys) == ("1,3", "d1,d3", ["d1", "d3"])
+    for bad in ([3, 1], [1, 1], [0, 2]):  # a band is ascending depth indices without repeats
+        with pytest.raises(ValueError):
+            DepthBand.of(bad)
 
 
 # -- one definition of each shared constant and rule ----------------------------------------

@@ -19,7 +19,7 @@ from fear_assets.design.unmasking import unmask_pilot
 from fear_assets.models.data import model_table
 from fear_assets.models.fits import fit_cells
 from fear_assets.models.primary_model import registered_fitter
-from fear_assets.pilot.depth_rules import band_keys, stored_band
+from fear_assets.pilot.depth_rules import stored_band
 from fear_assets.pilot.gate_c_scale import SIGMA_BLOCKS, reader_sigma, sigma_depths
 from fear_assets.stimuli.bank import Bank
 
@@ -42,7 +42,7 @@ def pilot_controls(pilot_scores: pd.DataFrame, pilot_control_scores: pd.DataFram
     model's over every pilot depth and, where a judge block is scored, the judge's with its
     own surprisals. Seeds: ``("pilot_controls", family, name)``."""
     settings, family_key = view.settings, view.family.key
-    band = band_keys(stored_band(pilot_depths))
+    band = stored_band(pilot_depths).keys
     every = pd.concat([pilot_scores, pilot_control_scores], ignore_index=True)
     fears_of = {i: bank.item(i).group for i in set(every["item_id"])}
 

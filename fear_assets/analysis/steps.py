@@ -21,7 +21,7 @@ from fear_assets.analysis.plots import delta_by_depth_plot, forest_plot
 from fear_assets.analysis.unmasking import unmask
 from fear_assets.core.hashing import sha256_file, write_inference_data
 from fear_assets.core.registered import Registered
-from fear_assets.core.settings import ProtocolSettings, depth_key
+from fear_assets.core.settings import DepthBand, ProtocolSettings, depth_key
 from fear_assets.models.data import PILOT_FALLBACK_NOTE, analysed_rows
 from fear_assets.models.h5_model import H5Priors
 from fear_assets.models.primary_model import Fitter, Priors
@@ -83,11 +83,11 @@ def h4_posterior(view: Registered, bank, probe_outputs: pd.DataFrame, probe_cont
         (pilot_probe_outputs, pilot_probe_controls)
     outputs = unmask(outputs, assignment_key, list(family.depth_keys), scores, frozen)
     record = stored_record(registration_record)
-    band = record["depth_band"]
+    band = DepthBand.of(record["depth_band"])
     data = h4_data(outputs, sentence_surprisal, {i: bank.item(i).group for i in outputs["item_id"].unique()},
                    settings.neutral_partner_option)
     s = view.sampler
-    fit = fit_h4(data, settings.fears, band, Priors.from_settings(settings), s.draws, s.tune, s.chains,
+    fit = fit_h4(data, settings.fears, list(band.indices), Priors.from_settings(settings), s.draws, s.tune, s.chains,
                  view.seed("h4", family_key, frame_set), view.decision.hdi_prob, view.decision.sesoi)
     path = directory / f"h4_{frame_set}.nc"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ def h4_posterior(view: Registered, bank, probe_outputs: pd.DataFrame, probe_cont
         "family": family_key, "frame_set": frame_set, "hypothesis": "H4", "mean": fit.mean, "hdi_low": fit.hdi_low,
         "hdi_high": fit.hdi_high, "label": reported,
         "practically_meaningful": fit.practically_meaningful and reported == fit.label,
-        "band_depths": ",".join(depth_key(b) for b in band), "documents": len(data), **fit.diagnostics,
+        "band_depths": band.stored_keys, "documents": len(data), **fit.diagnostics,
         "flags": "; ".join(flags), "draws_file": str(path), "draws_sha256": sha256_file(path)}])
     return H4Result(table, frame_set, fit.mean, fit.hdi_low, fit.hdi_high, reported)
 
@@ -143,7 +143,7 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     scores, frame_set = analysed_rows(confirmatory_scores, pilot_scores)
     unmasked = unmask(scores, assignment_key, list(family.depth_keys), scores, frozen)
     prefix = "" if frame_set == "confirmatory" else "pilot_"
-    band = [depth_key(d) for d in record["depth_band"]]
+    band = DepthBand.of(record["depth_band"]).keys
     fitter = analysis_fitter(view)
     inputs = Inputs(
         scores=unmasked, surprisal=sentence_surprisal, fears_of={i: bank.item(i).group for i in unmasked["item_id"].unique()},

@@ -103,6 +103,47 @@ def depth_index(key: str) -> int:
 
 
 @dataclass(frozen=True)
+class DepthBand:
+    """The depth band of protocol 5 (the depths H1-H4 are averaged over): one value with the
+    one conversion to each form a stored table or record carries it in (depth indices in the
+    registration record, ``"1,2"`` in ``pilot_depths``, ``"d1,d2"`` in the power estimates)."""
+
+    indices: tuple[int, ...]
+
+    def __post_init__(self):
+        for i in self.indices:
+            depth_key(i)  # a positive integer, or the error that says so
+        if list(self.indices) != sorted(set(self.indices)):
+            raise ValueError(f"depth band {list(self.indices)} is not ascending without repeats")
+
+    @classmethod
+    def of(cls, indices) -> "DepthBand":
+        """From depth indices (the record's ``depth_band`` list)."""
+        return cls(tuple(int(i) for i in indices))
+
+    @classmethod
+    def parse(cls, text: str) -> "DepthBand":
+        """From a stored text: ``"1,2"`` (indices) or ``"d1,d2"`` (keys)."""
+        parts = [p.strip() for p in str(text).split(",") if p.strip()]
+        return cls(tuple(depth_index(p) if p.startswith("d") else int(p) for p in parts))
+
+    @property
+    def keys(self) -> list[str]:
+        """The partition keys, ascending: ["d1", "d2"]."""
+        return [depth_key(i) for i in self.indices]
+
+    @property
+    def stored(self) -> str:
+        """The form ``pilot_depths`` stores: "1,2"."""
+        return ",".join(map(str, self.indices))
+
+    @property
+    def stored_keys(self) -> str:
+        """The form the power estimates store: "d1,d2"."""
+        return ",".join(self.keys)
+
+
+@dataclass(frozen=True)
 class ReducedDesign:
     """A smaller registered design for a demonstration family (fewer frames and depths)."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import pandas as pd
 
@@ -15,7 +15,7 @@ from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.registered import Registered
 from fear_assets.pilot.report_scoring import CATEGORIES
 from fear_assets.models.data import kept
-from fear_assets.core.settings import depth_index, depth_key
+from fear_assets.core.settings import DepthBand, depth_index, depth_key
 
 RATE_COLUMNS = ["depth_index", "answers", "refusals", "mentions", "neutral_mention_rate"]
 
@@ -95,14 +95,9 @@ def h5_depth(accuracy: Mapping[int, float], low: float, high: float, target: flo
     return best, f"fallback: no depth within [{low:.2f}, {high:.2f}]; closest to {target:.2f}"
 
 
-def stored_band(pilot_depths: pd.DataFrame) -> list[int]:
-    """The depth band a ``pilot_depths`` table stores (depth indices, ascending)."""
-    return [int(b) for b in str(pilot_depths["depth_band"].iloc[0]).split(",")]
-
-
-def band_keys(band: Sequence[int]) -> list[str]:
-    """Partition keys of a band of depth indices (``settings.depth_key``)."""
-    return [depth_key(b) for b in band]
+def stored_band(pilot_depths: pd.DataFrame) -> DepthBand:
+    """The depth band a ``pilot_depths`` table stores."""
+    return DepthBand.parse(pilot_depths["depth_band"].iloc[0])
 
 
 @dataclass(frozen=True)
@@ -131,11 +126,11 @@ def pilot_depth_band(pilot_scores: pd.DataFrame, report_scoring: pd.DataFrame, v
         family=family.key, depth=[depth_key(int(d)) for d in by_depth.depth_index],
         depth_tokens=[family.tokens_at(int(d)) for d in by_depth.depth_index],
         in_band=by_depth.depth_index.isin(band), is_h5_depth=by_depth.depth_index == h5_index,
-        depth_band=",".join(map(str, band)), h5_depth=h5_index, band_rule=band_rule, h5_rule=h5_rule)
+        depth_band=DepthBand.of(band).stored, h5_depth=h5_index, band_rule=band_rule, h5_rule=h5_rule)
     return DepthBandResult(table, band, band_rule, h5_index, h5_rule)
 
 
 def band_depth_keys(pilot_depths: pd.DataFrame) -> set[str]:
     """The stored band's depth keys: the only depths the pilot's positive controls are scored
     at (Appendix C step 2: "their contrasts are averaged over the band")."""
-    return set(band_keys(stored_band(pilot_depths)))
+    return set(stored_band(pilot_depths).keys)

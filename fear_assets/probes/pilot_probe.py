@@ -17,11 +17,11 @@ def pilot_probe_controls(outputs: pd.DataFrame, controls: pd.DataFrame, pilot_de
                          view: Registered) -> pd.DataFrame:
     """The pilot's control-probe table with the 6.3 pilot rules on the stored depth band."""
     band = stored_band(pilot_depths)
-    rules = pilot_rules(outputs, shallowest=int(outputs["depth_index"].min()), band=band,
+    rules = pilot_rules(outputs, shallowest=int(outputs["depth_index"].min()), band=list(band.indices),
                         ceiling=view.probe.ceiling_accuracy, level=view.probe.control_interval)
     return controls.assign(decodes_at_shallowest=rules["decodes_at_shallowest"],
                            band_mean_accuracy=rules["band_mean_accuracy"],
-                           h4_estimation_only=rules["h4_estimation_only"], band_depths=",".join(map(str, band)))
+                           h4_estimation_only=rules["h4_estimation_only"], band_depths=band.stored)
 
 
 @dataclass(frozen=True)

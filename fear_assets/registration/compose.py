@@ -85,7 +85,7 @@ def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: 
         **{k: hashes[k] for k in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256")},
         **note,
         "selected_names": list(names), "selected_frames": list(frames),
-        "replacements": dict(replacements), "depth_band": band,
+        "replacements": dict(replacements), "depth_band": list(band.indices),
         "band_rule": str(p0["band_rule"]), "h5_depth": int(p0["h5_depth"]), "h5_rule": str(p0["h5_rule"]),
         **pilot_sigmas(pilot_controls),
         "gates": dict(gates), "failed_gates": failed_gates, "binding_in_context": binding_in_context, "power": power,

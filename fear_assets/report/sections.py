@@ -17,7 +17,7 @@ from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
 from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.core.registered import Registered
-from fear_assets.core.settings import ProtocolSettings
+from fear_assets.core.settings import DepthBand, ProtocolSettings
 from fear_assets.report.stage2 import (FamilyReport, Provenance, Ran, Section, cite_all, deviations, hypotheses_table,
                                       html_to_pdf, render_html)
 from fear_assets.core.settings import depth_key
@@ -35,7 +35,7 @@ def ran_facts(settings, family_key: str, record: dict, posteriors, scores, frame
         "frames replaced": record.get("replacements") or {},
         "models": sorted(f"{role}: {spec.checkpoint}" for role, spec in registry(settings, family_key).items() if spec),
         "depths": list(family.depth_keys) if not family.reduced_design else "registered full design",
-        "depth band": ",".join(depth_key(int(d)) for d in record.get("depth_band", [])),
+        "depth band": DepthBand.of(record.get("depth_band", [])).stored_keys,
         "H5 depth": depth_key(int(record["h5_depth"])) if record.get("h5_depth") is not None else None,
         "posterior draws per contrast (chains x draws)": sampler.chains * sampler.draws,
     }

@@ -17,12 +17,12 @@ import pandas as pd
 from fear_assets.analysis.h4 import h4_data
 from fear_assets.analysis.unmasking import unmask_pilot
 from fear_assets.core.registered import Registered
-from fear_assets.core.settings import depth_key
+from fear_assets.core.settings import DepthBand, depth_key
 from fear_assets.models.data import model_table
 from fear_assets.models.fits import fit_cells
 from fear_assets.models.h5_model import H5Priors
 from fear_assets.models.primary_model import Priors
-from fear_assets.pilot.depth_rules import band_keys, stored_band
+from fear_assets.pilot.depth_rules import stored_band
 from fear_assets.registration.record import write_power_section
 from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.simulation.design import simulated_design
@@ -55,7 +55,7 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
     (a registered family) H4's model on the pilot probe and H5's probit on the pilot's forced
     choices."""
     settings, family_key = view.settings, view.family.key
-    band = band_keys(stored_band(pilot_depths))
+    band = stored_band(pilot_depths).keys
     rows = pilot_scores[pilot_scores["block"] == "pilot_primary"]
     fears_of = {i: bank.item(i).group for i in set(rows["item_id"])}
     table = model_table(unmask_pilot(rows, assignment_key), sentence_surprisal, fears_of,
@@ -135,7 +135,7 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
     size = view.power.batch_size
     datasets = range(batch * size, min(view.power_datasets, (batch + 1) * size))
     est = PilotEstimates.from_dict(json.loads(estimates["estimates_json"].iloc[0]))
-    band = str(estimates["band"].iloc[0]).split(",")
+    band = DepthBand.parse(estimates["band"].iloc[0]).keys
     design = simulated_design(settings, view.family.depth_keys, band, frames, est.covariate_sd,
                               view.seed("power", family_key, "design", frames, 0, "covariates"))
     fitter = fitter_for(settings, family_key)

@@ -6,11 +6,11 @@ import pandas as pd
 from fear_assets.analysis.pilot_controls import controls_description, controls_verdict
 from fear_assets.analysis.pilot_controls import pilot_controls as pilot_controls_step
 from fear_assets.core.registered import registered
-from fear_assets.core.settings import depth_key
+from fear_assets.core.settings import DepthBand, depth_key
 from fear_assets.defs.modes import GATES_BLOCK
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
-from fear_assets.pilot.depth_rules import band_keys, pilot_depth_band
+from fear_assets.pilot.depth_rules import pilot_depth_band
 
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
@@ -28,7 +28,7 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     result = pilot_depth_band(pilot_scores, report_scoring, registered(protocol.settings(), context.partition_key))
     table = result.table
     return dg.Output(table, metadata={
-        "depth band": ", ".join(band_keys(result.band)), "band rule": result.band_rule,
+        "depth band": ", ".join(DepthBand.of(result.band).keys), "band rule": result.band_rule,
         "H5 depth": depth_key(result.h5_index), "H5 rule": result.h5_rule,
         "by depth": dg.MetadataValue.md(table[["depth", "depth_tokens", "trials", "answers", "refusals", "mentions",
                                                "neutral_mention_rate", "fc_accuracy", "in_band", "is_h5_depth"]]

@@ -4,11 +4,10 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.core.registered import registered
-from fear_assets.core.settings import depth_key
+from fear_assets.core.settings import DepthBand, depth_key
 from fear_assets.defs.modes import GATES_BLOCK
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
-from fear_assets.pilot.depth_rules import band_keys
 from fear_assets.registration import steps as registration_steps
 
 
@@ -49,7 +48,7 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
         "record": str(path), "status": record["status"],
         "failed gates": ", ".join(record["failed_gates"]) or "none",
         "gates": dg.MetadataValue.md(table[["gate", "passed", "numbers", "message"]].to_markdown(index=False)),
-        "depth band": ", ".join(band_keys(band)), "H5 depth": depth_key(record["h5_depth"]),
+        "depth band": ", ".join(DepthBand.of(band).keys), "H5 depth": depth_key(record["h5_depth"]),
     })
 
 
