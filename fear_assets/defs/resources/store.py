@@ -23,9 +23,10 @@ from urllib.parse import quote
 import duckdb
 import filelock
 import pandas as pd
-from dagster import DagsterInvariantViolationError, InputContext, MetadataValue, TableColumn, TableSchema
+from dagster import DagsterInvariantViolationError, InputContext, MetadataValue, TableColumn, TableSchema, TimeWindow
+# The database I/O manager's extension points (client, table slice) and the table metadata
+# set have no public name; dagster-duckdb itself is built on these same modules.
 from dagster._core.definitions.metadata import TableMetadataSet
-from dagster._core.definitions.partitions.utils import TimeWindow
 from dagster._core.storage.db_io_manager import DbClient, DbIOManager, TableSlice
 from dagster_duckdb.io_manager import DuckDbClient, _get_cleanup_statement
 from dagster_duckdb_pandas import DuckDBPandasIOManager, DuckDBPandasTypeHandler
