@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fear_assets.core.hashing import derived_seed
-from fear_assets.core.sections import (ConvergenceRemedy, Convergence, Decision, Exclusion, FrameParametrisationRule,
-                                       PositiveControls, Power, PriorSettings, Probe, Sampler)
+from fear_assets.core.sections import (Convergence, ConvergenceRemedy, Decision, Exclusion, FrameParametrisationRule,
+                                       Generation, PositiveControls, Power, PriorSettings, Probe, Sampler)
 from fear_assets.core.settings import Block, Design, Family, ProtocolSettings, ReducedDesign
 
 #: Seeds handed to samplers and generators are 31-bit (PyMC's and NumPy's legacy bound).
@@ -36,6 +36,8 @@ class Registered:
     positive_controls: PositiveControls
     exclusion: Exclusion
     probe: Probe
+    #: 4.5: the greedy answer's length.
+    generation: Generation
     power: Power
 
     @property
@@ -99,4 +101,4 @@ def registered(settings: ProtocolSettings, family_key: str) -> Registered:
                       sampler=settings.sampler, convergence=settings.convergence,
                       frame_parametrisation=settings.fitting.frame_parametrisation, convergence_remedy=remedy,
                       positive_controls=settings.positive_controls, exclusion=settings.exclusion,
-                      probe=settings.probe, power=settings.power)
+                      probe=settings.probe, generation=settings.generation, power=settings.power)

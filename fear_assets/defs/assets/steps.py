@@ -45,7 +45,8 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     """Score every trial of ``table`` (one family x depth; 4.5): one loop over the request
     list that never decides what to score. Returns (rows, metadata)."""
     settings, bank = protocol.settings(), protocol.bank()
-    family = settings.family(family_key)
+    view = registered(settings, family_key)
+    family = view.family
     reduced = family.reduced_design
     names = json.loads(table["selected_names"].iloc[0])
     specs = registry(settings, family_key)
@@ -60,8 +61,8 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
             spec, manifest_files(model_manifest, spec.checkpoint) if model_manifest is not None else None)
         requests = build_requests(rows, bank.templates, builder.document_text,
                                   reduced.branches if reduced is not None else None)
-        config = ScoringSettings(spec.context_window, settings.generation.max_new_tokens,
-                                 settings.probe.layers_fraction_from)
+        config = ScoringSettings(spec.context_window, view.generation.max_new_tokens,
+                                 view.probe.layers_fraction_from)
         engine, eos = TeacherForcedEngine(model), end_of_turn_ids(tokenizer)
         # Issue 16: finished chunks survive a crash and a rerun scores only what is missing.
         scored = score_partition(context, requests,
