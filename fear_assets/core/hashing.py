@@ -39,6 +39,16 @@ def derived_seed(master_seed: int, *parts: object) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+#: Seeds handed to samplers (PyMC, nutpie) are 31-bit: their legacy bound.
+SAMPLER_SEED_BOUND = 2**31
+
+
+def sampler_seed(master_seed: int, *parts: object) -> int:
+    """The seed of one sampler run: :func:`derived_seed` reduced to 31 bits. The one
+    derivation every fit's seed comes from (``Registered.seed`` for a family's steps)."""
+    return derived_seed(master_seed, *parts) % SAMPLER_SEED_BOUND
+
+
 def write_inference_data(idata, path: str | Path) -> Path:
     """Write ArviZ InferenceData to netCDF without its ``created_at`` stamps, so the same draws
     give the same bytes and the sha256 stored beside the file is reproducible. The file is

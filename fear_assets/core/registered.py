@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fear_assets.core.hashing import derived_seed
+from fear_assets.core.hashing import sampler_seed
 from fear_assets.core.sections import (Convergence, ConvergenceRemedy, Decision, Exclusion, FrameParametrisationRule,
                                        Generation, PositiveControls, Power, PriorSettings, Probe, Sampler)
 from fear_assets.core.settings import Block, Design, Family, ProtocolSettings, ReducedDesign
 
-#: Seeds handed to samplers and generators are 31-bit (PyMC's and NumPy's legacy bound).
-SEED_BOUND = 2**31
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class Registered:
     def seed(self, *purpose: object) -> int:
         """The seed of one random stream: the registered master seed, this family and the
         purpose path (``seed("posteriors", "H2")``), the same on every machine."""
-        return derived_seed(self.settings.master_seed, *purpose) % SEED_BOUND
+        return sampler_seed(self.settings.master_seed, *purpose)
 
     @property
     def power_datasets(self) -> int:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from fear_assets.analysis import gate_c as gc
 from fear_assets.analysis.controls import control_verdict, fit_control
-from fear_assets.core.hashing import derived_seed
+from fear_assets.core.hashing import sampler_seed
 from fear_assets.core.sections import Convergence
 from fear_assets.models.data import AGENTS, CONTENTS, levels_of
 from fear_assets.models.fits import contrast_summary, convergence_problems
@@ -93,7 +93,7 @@ class Rules:
 
 def dataset_seed(master_seed: int, family: str, scenario: str, frames: int, dataset: int, purpose: str) -> int:
     """Every draw of the simulation derives from the registered master seed and its path."""
-    return derived_seed(master_seed, "power", family, scenario, frames, dataset, purpose) % (2**31)
+    return sampler_seed(master_seed, "power", family, scenario, frames, dataset, purpose)
 
 
 def truths(scenario: str, rules: Rules, est: PilotEstimates) -> dict[str, float]:
