@@ -19,7 +19,8 @@ from fear_assets.analysis.h4 import h4_flags
 from fear_assets.defs.assets.analysis import posteriors_converged
 from fear_assets.defs.assets.probes import at_chance
 from fear_assets.probes.carriage import h4_interpretable, interval
-from fear_assets.reading.inputs import h4_estimand_row, reading_inputs
+from fear_assets.analysis.estimands import h4_estimand_row
+from fear_assets.reading.inputs import reading_inputs
 from fear_assets.registration.gates import registration_status
 from fear_assets.registration.pilot_gates import probe_rules_gate
 from fear_assets.core.settings import PROJECT_ROOT, load_settings
@@ -92,7 +93,7 @@ def test_record_with_h5_estimation_only_and_a_supported_h5_posterior_gives_row_1
     assert _reading(_posteriors(h2="practically_equivalent"), record)[1].row == 6
     # The estimand keeps its interval but is labelled estimation-only (and so no later step reads it).
     from fear_assets.registration.gates import declared_estimation_only
-    from fear_assets.reading.inputs import apply_estimation_only
+    from fear_assets.analysis.estimands import apply_estimation_only
 
     relabelled = apply_estimation_only(table, declared_estimation_only(record)).set_index("contrast")
     assert relabelled.loc["H5", "label"] == ESTIMATION_ONLY and not relabelled.loc["H5", "practically_meaningful"]
@@ -269,7 +270,7 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
     from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
     from fear_assets.probes.carriage import h4_interpretable, interval
     from fear_assets.registration.gates import declared_estimation_only
-    from fear_assets.reading.inputs import apply_estimation_only, h4_estimand_row
+    from fear_assets.analysis.estimands import apply_estimation_only, h4_estimand_row
     from fear_assets.defs.resources.store import SCHEMA
     from fear_assets.core.settings import load_settings
 

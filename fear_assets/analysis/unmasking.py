@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fear_assets.core.errors import FreezeError
-from fear_assets.design.unmasking import _join_codes, unmask_pilot  # noqa: F401 (the pilot's unmasking)
+from fear_assets.design.unmasking import _join_codes
 
 
 def scoring_lock(registered_depths: list[str], scores: pd.DataFrame, frozen: dict) -> list[str]:

@@ -13,8 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.analysis.estimands import (READING_KINDS, apply_estimation_only, convergence_split,  # noqa: F401
-                                          estimand_flags, h4_estimand_row)
+from fear_assets.analysis.estimands import READING_KINDS, convergence_split
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.models.decision import ESTIMATION_ONLY, NOT_SCORED
 from fear_assets.registration.gates import POWER_FIELD, declared_estimation_only, registered_power_result

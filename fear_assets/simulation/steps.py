@@ -15,7 +15,7 @@ from typing import Callable
 import pandas as pd
 
 from fear_assets.analysis.h4 import h4_data
-from fear_assets.analysis.unmasking import unmask_pilot
+from fear_assets.design.unmasking import unmask_pilot
 from fear_assets.core.registered import Registered
 from fear_assets.core.settings import DepthBand, depth_key
 from fear_assets.models.data import model_table
