@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.unmasking import unmask_pilot
 from fear_assets.design.trials import candidate_frames
 from fear_assets.pilot.matching import select_frames
-from fear_assets.pilot.questions import binding_questions
+from fear_assets.pilot.questions import Answerer, binding_questions
 from fear_assets.stimuli.bank import Bank
 
 CHECK_COLUMNS = ["item_id", "content", "rotation", "role", "name", "expected_letter"]
@@ -180,10 +180,6 @@ def in_context_correct(docs: pd.DataFrame, expected_letter: Mapping[str, str]) -
         chosen = "ABC"[max(range(3), key=lambda k: lp[k])] if lp and len(set(lp)) == 3 else ""
         correct.append(bool(not r.excluded_context and chosen == expected_letter[r.agent]))
     return correct
-
-
-#: Answers the tested model's log-probabilities of each answer letter after each question.
-Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
 
 
 @dataclass(frozen=True)

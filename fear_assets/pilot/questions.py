@@ -8,7 +8,7 @@ prefix, run by :func:`fear_assets.lm.runner.run`).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -16,6 +16,10 @@ from fear_assets.design.documents import SENTINEL, DocumentBuilder, _forced_choi
 from fear_assets.core.settings import AGENTS
 from fear_assets.stimuli.bank import Item
 from fear_assets.stimuli.roles import role_names
+
+#: Answers one model's log-probabilities of each answer letter after each question of a
+#: question table (the binding checks, the zero-preference questions, the blinded scorer).
+Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
 
 
 def rotation_chat(builder: DocumentBuilder, rotation: int) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.registered import Registered
 from fear_assets.core.settings import ProtocolSettings
 from fear_assets.models.data import kept
-from fear_assets.pilot.questions import scorer_rows, user_chat
+from fear_assets.pilot.questions import Answerer, scorer_rows, user_chat
 from fear_assets.pilot.report_rule import mentions, partner_keywords
 from fear_assets.stimuli.bank import Bank
 
@@ -218,10 +218,6 @@ def kappa_verdict(kappa: float | None, minimum: float, detail: str = "") -> tupl
     if kappa >= minimum - _FLOAT_SLACK:
         return True, f"scorer agreement (4.5): kappa {kappa:.3f} >= {minimum:.2f}{tail}"
     return False, f"scorer agreement (4.5): kappa {kappa:.3f} < {minimum:.2f}{tail}. {fix}"
-
-
-#: Answers the scorer model's log-probabilities of each answer letter after each question.
-Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
 
 
 @dataclass(frozen=True)

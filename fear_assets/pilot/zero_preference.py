@@ -28,7 +28,7 @@ from fear_assets.core.registered import Registered
 from fear_assets.core.settings import ProtocolSettings
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.design.trials import candidate_frames
-from fear_assets.pilot.questions import zero_preference_questions
+from fear_assets.pilot.questions import Answerer, zero_preference_questions
 from fear_assets.stimuli.bank import Bank
 
 INPUT_COLUMNS = ("item_id", "fear", "frame_set", "kind", "agent", "content", "rotation", "first_listed",
@@ -150,10 +150,6 @@ def rewrite_message(rewrites: pd.DataFrame) -> str:
     """The items to rewrite before registration, as the frame-writing shortfall is stated."""
     return "; ".join(f"rewrite the content slot of {r.item_id} ({r.rewrite}: {r.n_failed}/{r.n_questions} questions "
                      f"outside the band, worst p = {r.worst_p_option1:.3f})" for r in rewrites.itertuples())
-
-
-#: Answers the tested model's log-probabilities of each answer letter after each question.
-Answerer = Callable[[pd.DataFrame, list[str]], list[list[float]]]
 
 
 @dataclass(frozen=True)
