@@ -183,7 +183,7 @@ def test_the_record_inserts_each_readers_pilot_sigma(settings):
     hashes = {k: "a" * 64 for k in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256")}
     note = {"supplementary_note": "n.pdf", "supplementary_note_sha256": "e" * 64}
     family = next(iter(settings.families))
-    record = compose_record(settings, family, hashes, ["A"] * 5, ["TER-03"], {}, depths, controls, {}, None, None, note,
+    record = compose_record(settings, family, "pilot", hashes, ["A"] * 5, ["TER-03"], {}, depths, controls, {}, None, None, note,
                             pd.DataFrame())
     assert record["pilot_sigma"] == 0.812346 and record["pilot_sigma_judge"] is None
     assert record["supplementary_note_sha256"] == "e" * 64 and record["depth_band"] == [1, 2]

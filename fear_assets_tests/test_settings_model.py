@@ -40,8 +40,8 @@ CASES = [
      "did you mean 'protocol'?"),
     ("typo in a typed section", "  tost_alpha: 0.05", "  tost_alpha: 0.05\n  tost_alhpa: 0.05", "matching",
      "tost_alhpa", "did you mean 'tost_alpha'?"),
-    ("typo in protocol", "  mode: pilot\n", "  mode: pilot\n  mdoe: pilot\n", "protocol", "mdoe",
-     "did you mean 'mode'?"),
+    ("typo in protocol", "  master_seed: 20261014\n", "  master_seed: 20261014\n  master_sed: 1\n", "protocol",
+     "master_sed", "did you mean 'master_seed'?"),
     ("typo in a family", "    system_role: false\n", "    system_role: false\n    sytem_role: false\n",
      "families.gemma-2-9b", "sytem_role", "did you mean 'system_role'?"),
     ("typo in a reduced design", "      examine_reserves: false\n",
@@ -121,9 +121,21 @@ def test_the_definition_layout_is_a_function_of_the_settings(tmp_path):
     layout = definition_layout(settings)
     assert layout.families == tuple(settings.families)
     assert layout.max_depths == 8 and layout.depth_keys[-1] == "d8"
-    assert layout.gates_block is False  # the registered file is in pilot mode
-    confirmatory = load_settings(_broken(tmp_path, "  mode: pilot", "  mode: confirmatory"))
-    assert definition_layout(confirmatory).gates_block is True
+    # No mode in the layout: a family's mode comes from its issued record, at run time.
+    assert not hasattr(layout, "gates_block")
+
+
+def test_an_old_file_that_still_sets_the_mode_is_told_how_a_family_registers(tmp_path):
+    """Registering used to be editing ``protocol.mode`` in the frozen file; an old file that
+    still has the key gets an error that says the mode is no longer a setting and how a
+    family becomes confirmatory."""
+    for mode in ("pilot", "confirmatory"):
+        old = _broken(tmp_path, "  master_seed: 20261014\n", f"  mode: {mode}\n  master_seed: 20261014\n")
+        with pytest.raises(SettingsError) as err:
+            load_settings(old)
+        assert err.value.item == "protocol" and err.value.field == "mode" and str(old) in str(err.value)
+        assert "mode is no longer a setting" in str(err.value)
+        assert "fear register FAMILY --stage1-id ID --supplementary-note FILE" in err.value.fix
 
 
 def test_settings_path_honours_the_variable(tmp_path, monkeypatch):
@@ -134,10 +146,13 @@ def test_settings_path_honours_the_variable(tmp_path, monkeypatch):
 
 
 def test_the_partitions_and_the_resource_read_the_same_file(tmp_path):
-    """A process pointed at a confirmatory copy gets blocking gates and that copy as the resource default."""
-    copy = _broken(tmp_path, "  mode: pilot", "  mode: confirmatory")
-    code = ("from fear_assets.defs import modes; from fear_assets.defs.resources.protocol import ProtocolResource; "
-            "print(modes.GATES_BLOCK, ProtocolResource().settings_path)")
+    """A process pointed at a copy builds its partitions from that copy and has it as the
+    resource default (the copy's other master seed shows which file the definitions read; it
+    was a confirmatory copy before the mode left the settings)."""
+    copy = _broken(tmp_path, "  master_seed: 20261014\n", "  master_seed: 20261015\n")
+    code = ("from fear_assets.defs import partitions; from fear_assets.defs.resources.protocol import ProtocolResource; "
+            "print(partitions.DEFINITION_SETTINGS.path, partitions.DEFINITION_SETTINGS.master_seed, "
+            "ProtocolResource().settings_path)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, SETTINGS_ENV: str(copy)}).stdout.split()
-    assert out == ["True", str(copy)]
+    assert out == [str(copy), "20261015", str(copy)]

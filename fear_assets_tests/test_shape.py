@@ -26,7 +26,7 @@ LAYERS = ("core", "lm", "stimuli", "design", "models", "pilot", "registration", 
 SHELL = "defs"
 #: What the shell may read from the settings object itself; every registered number and rule
 #: reaches it through the per-family view (``core.registered``) or a stage function.
-SHELL_SETTINGS_ATTRIBUTES = {"family", "families", "sha256", "mode", "master_seed", "path"}
+SHELL_SETTINGS_ATTRIBUTES = {"family", "families", "sha256", "master_seed", "path"}
 
 
 def _modules() -> dict[str, Path]:

@@ -2,7 +2,9 @@
 
 ``registered(settings, family)`` resolves, once, every choice that depends on the family (the
 embedded demonstration's shorter convergence remedy and reduced power simulation, its
-reduced design) so no consumer repeats the rule. Seeds come from :meth:`Registered.seed`
+reduced design) so no consumer repeats the rule. The family's mode (pilot until its
+registration record is issued, then confirmatory) travels with the view, never with the
+settings, so registering one family changes no registered file and no other family. Seeds come from :meth:`Registered.seed`
 alone: the one derivation of a random stream from the registered master seed.
 """
 
@@ -10,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.hashing import sampler_seed
 from fear_assets.core.sections import (Convergence, ConvergenceRemedy, Decision, Exclusion, FrameParametrisationRule,
                                        Generation, PositiveControls, Power, PriorSettings, Probe, Sampler)
-from fear_assets.core.settings import Block, Design, Family, ProtocolSettings, ReducedDesign
+from fear_assets.core.settings import MODES, Block, Design, Family, ProtocolSettings, ReducedDesign
 
 
 
@@ -37,6 +40,13 @@ class Registered:
     #: 4.5: the greedy answer's length.
     generation: Generation
     power: Power
+    #: "pilot" until the family's registration record is issued, then "confirmatory".
+    mode: str = "pilot"
+
+    @property
+    def confirmatory(self) -> bool:
+        """The family is registered: its registration gates block and its record is frozen."""
+        return self.mode == "confirmatory"
 
     @property
     def embedded(self) -> bool:
@@ -91,12 +101,16 @@ class Registered:
         return self.settings.confirmatory_frames_per_fear(self.family.key)
 
 
-def registered(settings: ProtocolSettings, family_key: str) -> Registered:
-    """The registered view of ``family_key`` (an unknown family is a SettingsError naming the fix)."""
+def registered(settings: ProtocolSettings, family_key: str, mode: str = "pilot") -> Registered:
+    """The registered view of ``family_key`` in ``mode`` (an unknown family is a SettingsError
+    naming the fix; the mode comes from ``registration.issue.family_mode``)."""
+    if mode not in MODES:
+        raise FearAssetsError(f"unknown mode {mode!r} for family {family_key!r}: use one of {', '.join(MODES)} "
+                              "(registration.issue.family_mode gives a family's mode)")
     family = settings.family(family_key)
     remedy = settings.fitting.convergence_remedy.for_family(family.role == "embedded")
     return Registered(settings=settings, family=family, decision=settings.decision, priors=settings.priors,
                       sampler=settings.sampler, convergence=settings.convergence,
                       frame_parametrisation=settings.fitting.frame_parametrisation, convergence_remedy=remedy,
                       positive_controls=settings.positive_controls, exclusion=settings.exclusion,
-                      probe=settings.probe, generation=settings.generation, power=settings.power)
+                      probe=settings.probe, generation=settings.generation, power=settings.power, mode=mode)

@@ -82,7 +82,12 @@ NO_AGENT = "none"
 AGENTS = ("self", "peer", "person")
 #: The two contents of an agent sentence (4.3): a threat to the agent, or a harmless change.
 CONTENTS = ("threat", "harmless")
+#: A family's mode: pilot until its registration record is issued, then confirmatory. Not a
+#: setting (``registration.issue.family_mode`` reads it from the record).
 MODES = ("pilot", "confirmatory")
+#: What an old settings file that still sets ``protocol.mode`` is told to do instead.
+MODE_NOT_A_SETTING = ("delete protocol.mode: a family is in pilot mode until its registration record is issued "
+                      "(`fear register FAMILY --stage1-id ID --supplementary-note FILE`), and confirmatory from then on")
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,11 +225,10 @@ class Block:
 
 @dataclass(frozen=True)
 class ProtocolInfo:
-    """The protocol's identity, its mode and the master seed every random stream derives from."""
+    """The protocol's identity and the master seed every random stream derives from."""
 
     name: str
     version: str
-    mode: str
     master_seed: int
 
 
@@ -360,10 +364,6 @@ class ProtocolSettings:
 
     # --- convenient typed accessors ---------------------------------------------------
     @property
-    def mode(self) -> str:
-        return self.protocol.mode
-
-    @property
     def master_seed(self) -> int:
         return self.protocol.master_seed
 
@@ -480,14 +480,12 @@ class ProtocolSettings:
 
 @dataclass(frozen=True)
 class DefinitionLayout:
-    """What the Dagster definitions need before any run (partitions, the blocking flags): a
-    pure function of the settings, so the layout and the protocol resource read one file."""
+    """What the Dagster definitions need before any run (the partitions): a pure function of
+    the settings, so the layout and the protocol resource read one file."""
 
     families: tuple[str, ...]
     #: The largest number of depths any family registers (depth partition keys d1..dN).
     max_depths: int
-    #: Whether the confirmatory gates block (confirmatory mode) or only report (pilot mode).
-    gates_block: bool
 
     @property
     def depth_keys(self) -> tuple[str, ...]:
@@ -497,8 +495,7 @@ class DefinitionLayout:
 def definition_layout(settings: ProtocolSettings) -> DefinitionLayout:
     """The definition-time facts of ``settings`` (see :class:`DefinitionLayout`)."""
     return DefinitionLayout(families=tuple(settings.families),
-                  max_depths=max(len(f.depth_tokens) for f in settings.families.values()),
-                  gates_block=settings.mode == "confirmatory")
+                  max_depths=max(len(f.depth_tokens) for f in settings.families.values()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -786,12 +783,12 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
     unknown_keys(path, "<top>", raw, _TOP_LEVEL)
     for section in _REQUIRED_SECTIONS:
         _need(path, raw, section, "<top>", Mapping)
+    if "mode" in raw["protocol"]:
+        # Registering used to mean editing this frozen file; it is a record's issue now.
+        raise SettingsError(path, "protocol", "mode", "mode is no longer a setting", MODE_NOT_A_SETTING)
     unknown_keys(path, "protocol", raw["protocol"], [f.name for f in fields(ProtocolInfo)])
-    mode = _need(path, raw["protocol"], "mode", "protocol", str)
-    if mode not in MODES:
-        raise SettingsError(path, "protocol", "mode", f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
     protocol = ProtocolInfo(name=_need(path, raw["protocol"], "name", "protocol", str),
-                            version=_need(path, raw["protocol"], "version", "protocol", str), mode=mode,
+                            version=_need(path, raw["protocol"], "version", "protocol", str),
                             master_seed=_need(path, raw["protocol"], "master_seed", "protocol", int))
 
     families = {key: _family(path, key, spec) for key, spec in raw["families"].items()}

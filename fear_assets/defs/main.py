@@ -100,9 +100,11 @@ def run(duckdb_path: str | None = None) -> int:
     WARNINGS.flushLevel = logging.WARNING  # from now on every warning is written as it comes
     defs = build_definitions(db)
     instance = dg.DagsterInstance.get()
-    settings = ProtocolResource().settings()
+    protocol = ProtocolResource()
+    settings = protocol.settings()
     family = next(k for k, f in settings.families.items() if f.role == "embedded")
     spec = settings.family(family)
+    mode = protocol.mode(family)
     partition_keys = {"unpartitioned": [None], "by_family": [family],
                       "by_depth": registered_partition_keys(settings, family),
                       "by_batch": power_partition_keys(settings, family)}
@@ -136,8 +138,9 @@ def run(duckdb_path: str | None = None) -> int:
             if any(e.check_name == "bank_freeze" for e in failed):
                 print("The freeze gate failed: nothing downstream runs. See the check's message above.")
                 return 2
-            if settings.mode == "confirmatory" and any(e.severity == dg.AssetCheckSeverity.ERROR for e in failed):
-                print(f"Confirmatory mode: a registration gate failed in {names}; nothing downstream runs.")
+            if mode == "confirmatory" and any(e.severity == dg.AssetCheckSeverity.ERROR for e in failed):
+                print(f"Confirmatory mode ({family} is registered): a registration gate failed in {names}; "
+                      "nothing downstream runs.")
                 return 2
     return summary(instance, settings, family, db, log_path, time.perf_counter() - started)
 

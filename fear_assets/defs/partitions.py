@@ -1,10 +1,10 @@
-"""What Dagster fixes when the definitions load: partitions and the checks' blocking flag.
+"""What Dagster fixes when the definitions load: the partitions.
 
 Depth keys are indices (d1..dN, D1; ``settings.depth_key``); a family whose registered
 design has fewer depths (the embedded family's reduced design) does not materialise the
 indices it lacks. Multi-partition keys read "<depth>|<family>" (dimension names sorted).
 
-Dagster needs the partition keys and each check's ``blocking`` flag before any run, so the
+Dagster needs the partition keys before any run, so the
 settings file (``core.settings.settings_path()``, the same file the ``protocol`` resource reads
 by default) is read once here for exactly these facts (``core.settings.definition_layout``);
 every registered number a step uses comes from the ``protocol`` resource at run time.
@@ -34,8 +34,6 @@ class Layout:
     families: tuple[str, ...]
     max_depths: int
     batch_keys: tuple[str, ...]
-    #: Confirmatory mode: every registration gate is a blocking check (``modes``).
-    gates_block: bool
 
     @property
     def depth_keys(self) -> tuple[str, ...]:
@@ -44,7 +42,7 @@ class Layout:
     @classmethod
     def of(cls, settings: ProtocolSettings) -> "Layout":
         core = definition_layout(settings)
-        return cls(core.families, core.max_depths, tuple(all_batch_keys(settings)), core.gates_block)
+        return cls(core.families, core.max_depths, tuple(all_batch_keys(settings)))
 
 
 def build_partitions(layout: Layout) -> tuple[dg.MultiPartitionsDefinition, dg.StaticPartitionsDefinition]:

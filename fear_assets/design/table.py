@@ -95,7 +95,7 @@ def build_trial_table(settings: ProtocolSettings, bank: Bank, family_key: str, d
 
 
 class NameGateBlocks(DesignError):
-    """The name gate failed in confirmatory mode: nothing downstream is built (4.2)."""
+    """The name gate failed for a registered family (confirmatory mode): nothing downstream is built (4.2)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,8 @@ def render_trial_table(frame_bank: pd.DataFrame, name_gate: pd.DataFrame, bank: 
                        replacements: Mapping[str, str]) -> TrialTableResult:
     """Render one family x depth of the masked trial table for the pilot or the confirmatory
     blocks (4.4, D2), with the frame replacements a registered record makes (4.3), on the
-    selected names. Refuses a stored bank other than the one on disk, and, in confirmatory
-    mode, a failed name gate (:class:`NameGateBlocks`)."""
+    selected names. Refuses a stored bank other than the one on disk, and, for a registered
+    family (confirmatory mode), a failed name gate (:class:`NameGateBlocks`)."""
     settings, family, family_key = view.settings, view.family, view.family.key
     stored = set(frame_bank["bank_sha256"])
     if stored != {bank.sha256}:
@@ -136,10 +136,10 @@ def render_trial_table(frame_bank: pd.DataFrame, name_gate: pd.DataFrame, bank: 
     tokenizers = family_tokenizers(settings, family, cache_dir)
     names = selected_names(name_gate)
     gate_passed = bool(name_gate["gate_passed"].iloc[0])
-    if not gate_passed and settings.mode == "confirmatory":
+    if not gate_passed and view.confirmatory:
         # A check blocks only inside its own run; the gate's stored verdict blocks every later one.
-        raise NameGateBlocks(f"the name gate failed for {family_key} and the settings are in confirmatory "
-                             "mode: nothing downstream is built. See the name_gate asset's check for which "
+        raise NameGateBlocks(f"the name gate failed for {family_key}, whose registration record is issued "
+                             "(confirmatory mode): nothing downstream is built. See the name_gate asset's check for which "
                              "tokenizer splits which name.")
     selection = registered_selection(settings, bank, family, replacements)
     table, _ = build_trial_table(settings, bank, family_key, index, tokenizers, names, selection,

@@ -65,7 +65,7 @@ def pilot_sigmas(pilot_controls: pd.DataFrame) -> dict[str, float | None]:
             "pilot_sigma_judge": None if pd.isna(judge) else round(float(judge), 6)}
 
 
-def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: list[str], frames: list[str],
+def compose_record(settings, family_key: str, mode: str, hashes: Mapping[str, str], names: list[str], frames: list[str],
                    replacements: Mapping[str, str], pilot_depths: pd.DataFrame, pilot_controls: pd.DataFrame,
                    gates: Mapping[str, Mapping], binding_in_context: Mapping | None, power: Mapping | None,
                    note: Mapping[str, Any], probe_controls: pd.DataFrame) -> dict:
@@ -73,14 +73,14 @@ def compose_record(settings, family_key: str, hashes: Mapping[str, str], names: 
     settings, model manifest, analysis code) and supplementary note hash", the selected names
     and frames, the depth band and H5 depth, the pilot sigmas for gate (c), every gate's
     outcome, what is carried to the reading and the stated deviations; its status follows
-    from the mode and the failed gates."""
+    from the family's mode (``registration.issue.family_mode``) and the failed gates."""
     family = settings.family(family_key)
     failed_gates = [n for n, g in gates.items() if not g["passed"]]
     p0, band = pilot_depths.iloc[0], stored_band(pilot_depths)
     zero = settings.zero_preference
     return {
         "protocol": settings.protocol.name, "protocol_version": settings.protocol.version,
-        "family": family_key, "mode": settings.mode, "status": registration_status(settings.mode, failed_gates),
+        "family": family_key, "mode": mode, "status": registration_status(mode, failed_gates),
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         **{k: hashes[k] for k in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256")},
         **note,

@@ -74,7 +74,8 @@ class FreezeComparison:
                 ". Restore the frozen files, or re-register (re-freeze) before any confirmatory run.")
 
 
-def _diff(kind: str, now: dict[str, str], frozen: dict[str, str]) -> list[str]:
+def diff_hashes(kind: str, now: dict[str, str], frozen: dict[str, str]) -> list[str]:
+    """Each key of two hash maps that was added, removed or changed, named with ``kind``."""
     out = []
     for key in sorted(set(now) | set(frozen)):
         if key not in frozen:
@@ -88,8 +89,8 @@ def _diff(kind: str, now: dict[str, str], frozen: dict[str, str]) -> list[str]:
 
 def compare_with_record(settings: ProtocolSettings, bank: Bank, record: dict) -> FreezeComparison:
     now = freeze_record(settings, bank)
-    changed = _diff("bank", now["bank_items"], record.get("bank_items", {})) + \
-        _diff("settings section", now["settings_sections"], record.get("settings_sections", {}))
+    changed = diff_hashes("bank", now["bank_items"], record.get("bank_items", {})) + \
+        diff_hashes("settings section", now["settings_sections"], record.get("settings_sections", {}))
     passed = now["bank_sha256"] == record.get("bank_sha256") and now["settings_sha256"] == record.get("settings_sha256")
     if not passed and not changed:
         changed = ["canonical hashes differ although no item or section hash does (record edited by hand?)"]

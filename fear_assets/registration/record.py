@@ -6,8 +6,10 @@ note), the selected names and frames, the depth band and H5 depth, the pilot's r
 for gate (c), and every gate's outcome with its numbers. Once a record exists, every later run is compared
 with its frozen part (:func:`frozen_differences`); any difference fails the freeze check.
 
-In pilot mode the record is a draft that each pilot run rewrites; in confirmatory mode it
-is registered and never overwritten with different frozen values.
+A family's record is a draft that each pilot run rewrites until it is issued
+(``registration.issue.issue_record``: status registered, the Stage 1 identifier, the time,
+every frozen hash); from then on the family is confirmatory and its record is never
+overwritten with different frozen values.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ CODE_NOT_HASHED = {
 FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
                  "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "pilot_sigma_judge",
                  "supplementary_note_sha256")
+#: What issuing adds to a draft (``registration.issue``); a later run of the record asset on
+#: the same frozen inputs keeps them.
+ISSUE_FIELDS = ("stage1_id", "issued_at", "frozen_items")
 
 
 def _not_hashed(relative: Path) -> bool:
@@ -55,11 +60,17 @@ def registered_code_files(root: Path | None = None) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not _not_hashed(p.relative_to(root)))
 
 
+def registered_code_hashes(root: Path | None = None) -> dict[str, str]:
+    """Each registered code file's sha256 by its path under ``root`` (what an issued record
+    keeps, so a refusal can name the file that changed)."""
+    root = PACKAGE_ROOT if root is None else Path(root)
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in registered_code_files(root)}
+
+
 def analysis_code_sha256(root: Path | None = None) -> str:
     """sha256 over the registered code (``registered_code_files``), path by path. ``root`` is
     read when called (default: this package), so a check can be pointed at an edited copy."""
-    root = PACKAGE_ROOT if root is None else Path(root)
-    return sha256_obj({p.relative_to(root).as_posix(): sha256_file(p) for p in registered_code_files(root)})
+    return sha256_obj(registered_code_hashes(root))
 
 
 def record_dir(registration_dir: str | Path, family: str) -> Path:
@@ -86,7 +97,7 @@ def _short(value: Any) -> str:
     return text[:16] + "..." if isinstance(value, str) and len(value) == 64 else text
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as tmp:
         tmp.write(text)
@@ -109,8 +120,10 @@ def write_family_record(registration_dir: str | Path, record: Mapping[str, Any],
             raise FreezeError(f"{directory}/registration_record.json is registered and differs: {'; '.join(diffs)}. "
                               "A registered record is never overwritten; restore the registered inputs or file "
                               "an amendment (move the old record aside) before writing a new one.")
-    _atomic_write(directory / "registration_record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    _atomic_write(directory / "registration_record.md", markdown(record))
+        # The same frozen inputs again: the record keeps its issue (identifier, time, items).
+        record = {**record, **{k: existing[k] for k in ISSUE_FIELDS if k in existing}}
+    atomic_write(directory / "registration_record.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    atomic_write(directory / "registration_record.md", markdown(record))
     return directory / "registration_record.json"
 
 
@@ -118,6 +131,8 @@ def markdown(record: Mapping[str, Any]) -> str:
     """The record for a reader: frozen inputs, selections, then one line per gate."""
     lines = [f"# Registration record: {record['protocol']} ({record['protocol_version']}), family `{record['family']}`",
              "", f"Status: **{record['status']}** (mode `{record['mode']}`)."]
+    if record.get("stage1_id"):
+        lines += ["", f"Issued {record.get('issued_at', '')} as Stage 1 `{record['stage1_id']}`."]
     if record.get("stand_in"):
         lines += ["", f"Note: {record['stand_in']}"]
     if record.get("reduced_design"):
@@ -175,7 +190,7 @@ POWER_FILE = "power_summary.json"
 def write_power_section(registration_dir: str | Path, family: str, section: Mapping[str, Any]) -> Path:
     """The power simulation's results, beside the record; ``registration_record`` embeds them."""
     path = record_dir(registration_dir, family) / POWER_FILE
-    _atomic_write(path, json.dumps(section, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write(path, json.dumps(section, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 

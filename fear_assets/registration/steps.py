@@ -15,7 +15,7 @@ from fear_assets.core.registered import Registered
 from fear_assets.lm.models import manifest_digest
 from fear_assets.registration.compose import compose_record, note_path, supplementary_note
 from fear_assets.registration.pilot_gates import final_selection, gates_table, registration_gates
-from fear_assets.registration.record import analysis_code_sha256, write_family_record
+from fear_assets.registration.record import analysis_code_sha256, read_family_record, write_family_record
 from fear_assets.stimuli.name_gate import selected_names
 
 
@@ -48,11 +48,14 @@ def registration_record(view: Registered, bank, name_gate: pd.DataFrame, model_m
     and H5 depth, the pilot sigmas for gate (c) (frozen: 6.2), every gate's outcome with its
     numbers", what is carried to the reading (in-context binding, the power result) and the
     stated deviations; written as JSON and Markdown under ``registration_dir/<family>/`` (a
-    draft in pilot mode; in confirmatory mode registered only when every gate passes)."""
+    draft in pilot mode; for a registered family, registered only when every gate passes)."""
     settings, family_key = view.settings, view.family.key
-    confirmatory = settings.mode == "confirmatory"
+    confirmatory = view.confirmatory
+    issued = read_family_record(registration_dir, family_key) if confirmatory else None
+    # A registered family's note is the one its record was issued with, unless one is given.
+    given = note_file or (str(issued.get("supplementary_note") or "") if issued else "")
     # Declarations, Appendix C step 4: a confirmatory run without the note is refused first.
-    note = supplementary_note(note_path(registration_dir, note_file), confirmatory)
+    note = supplementary_note(note_path(registration_dir, given), confirmatory)
     frames, replacements, shortfall = final_selection(
         matched_frames, binding_results, {i: bank.item(i).number for i in matched_frames["item_id"]},
         settings.confirmatory_frames_per_fear(family_key), {r.rewrite_of: r.id for r in bank.rewrites})
@@ -62,7 +65,7 @@ def registration_record(view: Registered, bank, name_gate: pd.DataFrame, model_m
         pilot_probe_controls, pilot_controls, frames, shortfall, power, family_key)
     hashes = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
               "manifest_sha256": manifest_digest(model_manifest), "analysis_code_sha256": analysis_code_sha256()}
-    record = compose_record(settings, family_key, hashes, selected_names(name_gate), frames, replacements,
+    record = compose_record(settings, family_key, view.mode, hashes, selected_names(name_gate), frames, replacements,
                             pilot_depths, pilot_controls, gates, binding_in_context, power, note,
                             pilot_probe_controls)
     path = write_family_record(registration_dir, record, confirmatory)

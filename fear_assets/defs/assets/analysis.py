@@ -9,9 +9,8 @@ import pandas as pd
 from fear_assets.analysis import steps as analysis_steps
 from fear_assets.analysis.plots import markdown_image
 from fear_assets.core.hashing import sha256_file
-from fear_assets.core.registered import registered
 from fear_assets.defs.assets.steps import readable_markdown
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.registration.freeze import read_record
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -36,7 +35,7 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     demo) the pilot's probe is read, descriptive; the flags say whether H4 is
     uninterpretable (controls) or estimation-only (ceiling)."""
     family_key = context.partition_key
-    view = registered(protocol.settings(), family_key)
+    view = protocol.view(family_key)
     h4 = analysis_steps.h4_posterior(
         view, protocol.bank(), probe_outputs, probe_controls, pilot_probe_outputs, pilot_probe_controls,
         registration_record, sentence_surprisal, confirmatory_scores, pilot_scores, assignment_key,
@@ -84,7 +83,7 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     never from these data. A reduced design without confirmatory scores reads the pilot's
     (descriptive, flagged)."""
     family_key = context.partition_key
-    view = registered(protocol.settings(), family_key)
+    view = protocol.view(family_key)
     out = analysis_steps.posteriors(
         view, protocol.bank(), confirmatory_scores, pilot_scores, assignment_key, sentence_surprisal,
         judge_sentence_surprisal, registration_record, pilot_controls, h4_posterior, base_sentence_surprisal,
@@ -110,14 +109,14 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     })
 
 
-@dg.asset_check(asset=posteriors, blocking=GATES_BLOCK, description=(
+@dg.asset_check(asset=posteriors, blocking=True, description=GATE_DESCRIPTION + (
     f"Convergence of every reported contrast (6.1): {CONVERGENCE_RULE}. Blocks (confirmatory mode) only on "
     "the estimands that can stop the reading: H1-H3, H5, the gates and the controls; H4 (6.2: it never changes the reading) "
     "and a secondary or sensitivity contrast that misses the rule are a warning and a flag."))
-def posteriors_converged(posteriors: pd.DataFrame) -> dg.AssetCheckResult:
+def posteriors_converged(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, posteriors: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = analysis_steps.convergence_verdict(posteriors)
     return dg.AssetCheckResult(
-        passed=verdict.passed, severity=dg.AssetCheckSeverity.ERROR if verdict.blocking else dg.AssetCheckSeverity.WARN,
+        passed=verdict.passed, severity=gate_severity(protocol, context, posteriors, stops=verdict.blocking),
         description=verdict.description,
         metadata={"diagnostics": dg.MetadataValue.md(readable_markdown(
             verdict.estimated[["contrast", "kind", "rhat", "ess_bulk", "ess_tail", "divergences"]]))})

@@ -9,7 +9,6 @@ import pandas as pd
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.defs.assets.steps import not_applicable_output, score_table, trial_table_output
 from fear_assets.defs.deploy import GPU_OP_TAGS
-from fear_assets.core.registered import registered
 from fear_assets.design.accounting import accounting_verdict, close_accounting
 from fear_assets.design.scored import scored_rows
 from fear_assets.defs.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
@@ -80,7 +79,7 @@ def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResour
     code) counts; a TOTAL row reconciles the blocks with the whole table", over the pilot
     and the confirmatory trial tables together."""
     result = close_accounting(pilot_trial_table, confirmatory_trial_table, protocol.bank(),
-                              registered(protocol.settings(), context.partition_key))
+                              protocol.view(context.partition_key))
     table, trials = result.table, result.trials
     shown = table[table["status"] != "not applicable"]
     return dg.Output(table, metadata={

@@ -10,7 +10,6 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions, registered_partition_keys
-from fear_assets.core.registered import registered
 from fear_assets.report.data_record import NULL_REASONS, write_data_record
 from fear_assets.report.sections import all_families_report, family_report
 from fear_assets.report.stage2 import Provenance
@@ -88,7 +87,7 @@ def stage2_report(context: dg.AssetExecutionContext) -> dg.Output[pd.DataFrame]:
     protocol = context.resources.protocol
     settings = protocol.settings()
     family_key = context.partition_key
-    view = registered(settings, family_key)
+    view = protocol.view(family_key)
     depth_parts = _depth_partitions(settings, family_key)
     tables = {n: _stored(context, n, family_key) for n in FAMILY_INPUTS}
     sources = {n: provenance(context.instance, n, depth_parts if n in PER_DEPTH else

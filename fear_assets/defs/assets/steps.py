@@ -45,7 +45,7 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     """Score every trial of ``table`` (one family x depth; 4.5): one loop over the request
     list that never decides what to score. Returns (rows, metadata)."""
     settings, bank = protocol.settings(), protocol.bank()
-    view = registered(settings, family_key)
+    view = protocol.view(family_key)
     family = view.family
     reduced = family.reduced_design
     names = json.loads(table["selected_names"].iloc[0])
@@ -150,7 +150,7 @@ def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: p
     """One family x depth of the masked trial table (``design.table.render_trial_table``) with
     the metadata a reader checks it by; a failed name gate in confirmatory mode fails the run."""
     try:
-        result = render_trial_table(frame_bank, name_gate, protocol.bank(), registered(protocol.settings(), family_key),
+        result = render_trial_table(frame_bank, name_gate, protocol.bank(), protocol.view(family_key),
                                     protocol.cache_dir, depth, pilot, replacements)
     except NameGateBlocks as exc:
         raise dg.Failure(description=str(exc)) from exc

@@ -6,9 +6,8 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.core.errors import FreezeError
-from fear_assets.core.registered import registered
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration.freeze import compare_with_record, read_record
@@ -78,7 +77,7 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
     passing everywhere are selected, the same for every family of the study; with fewer, the
     first five in registered order stand in and the failure is flagged on everything
     downstream. Uses the real registered tokenizers (scripts/fetch_tokenizers.py), no weights."""
-    step = name_gate_step(registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir))
+    step = name_gate_step(protocol.view(context.partition_key), Path(protocol.cache_dir))
     table, result = step.table, step.gate
     return dg.Output(table, metadata={
         "selected names": ", ".join(result.selected),
@@ -93,11 +92,12 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
     })
 
 
-@dg.asset_check(asset=name_gate, blocking=GATES_BLOCK, description=name_gate_description(DEFINITION_SETTINGS))
-def five_single_token_names(name_gate: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=name_gate, blocking=True,
+                description=GATE_DESCRIPTION + name_gate_description(DEFINITION_SETTINGS))
+def five_single_token_names(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, name_gate: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = name_gate_verdict(name_gate)
     return dg.AssetCheckResult(
-        passed=verdict.passed, description=verdict.description,
+        passed=verdict.passed, description=verdict.description, severity=gate_severity(protocol, context, name_gate),
         metadata={"which tokenizer splits which name": dg.MetadataValue.md(verdict.splits.to_markdown(index=False))},
     )
 
@@ -113,7 +113,7 @@ def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     is an explicit settings edit recorded as an amendment in the registration record."""
     bank = protocol.bank()
     result = name_candidates_step(Path(protocol.bank_dir), bank.canonical_text(),
-                                  registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir))
+                                  protocol.view(context.partition_key), Path(protocol.cache_dir))
     proposal = result.proposal
     return dg.Output(result.table, metadata={
         "proposed (not applied)": ", ".join(proposal.proposed) or "none",

@@ -1,4 +1,5 @@
-"""The registered inputs (settings, bank, registration record, caches) as one resource."""
+"""The registered inputs (settings, bank, registration record, caches) as one resource, and
+each family's registered view in the family's own mode (from its registration record)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from pathlib import Path
 
 import dagster as dg
 
+from fear_assets.core.registered import Registered, registered
 from fear_assets.core.settings import (DEFAULT_BANK_DIR, DEFAULT_CACHE_DIR, DEFAULT_REGISTRATION_DIR,
                                        ProtocolSettings, load_settings, settings_path as current_settings_path)
+from fear_assets.registration.issue import family_mode, refuse_changed_inputs
+from fear_assets.registration.record import read_family_record
 from fear_assets.stimuli.bank import Bank, load_bank
 
 
@@ -43,6 +47,21 @@ class ProtocolResource(dg.ConfigurableResource):
     def bank(self) -> Bank:
         root = Path(self.bank_dir)
         return _bank(str(root), self.settings_path, _stamp(root))
+
+    def mode(self, family_key: str) -> str:
+        """The family's mode: confirmatory once its registration record is issued, else pilot."""
+        return family_mode(self.registration_dir, family_key)
+
+    def view(self, family_key: str) -> Registered:
+        """The family's registered view in its own mode. A registered family whose settings,
+        bank or registered code differ from its issued record is refused (FreezeError naming
+        each change); a family in pilot mode is never compared."""
+        settings = self.settings()
+        mode = self.mode(family_key)
+        if mode == "confirmatory":
+            refuse_changed_inputs(self.registration_dir, family_key,
+                                  read_family_record(self.registration_dir, family_key), settings, self.bank())
+        return registered(settings, family_key, mode)
 
     def output_path(self, kind: str, family: str | None = None, name: str | None = None) -> Path:
         """Where a step writes its files beside the cache: ``<cache_dir>/../<kind>[/<family>][/<name>]``

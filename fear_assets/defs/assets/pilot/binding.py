@@ -3,11 +3,10 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.defs.assets.steps import answer, tested_builder
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -36,7 +35,7 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     names = selected_names(name_gate)
     spec, builder = tested_builder(protocol, language_model, family_key, names)
     result = binding(builder, protocol.bank(), pilot_scores, assignment_key, names,
-                     registered(protocol.settings(), family_key),
+                     protocol.view(family_key),
                      lambda questions, letters: answer(language_model, spec, questions, letters))
     table, failing = result.table, result.failing
     return dg.Output(table, metadata={
@@ -50,13 +49,14 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     })
 
 
-@dg.asset_check(asset=binding_results, blocking=GATES_BLOCK, description=binding_gate_description(DEFINITION_SETTINGS))
-def binding_gate(binding_results: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=binding_results, blocking=True,
+                description=GATE_DESCRIPTION + binding_gate_description(DEFINITION_SETTINGS))
+def binding_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, binding_results: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = binding_gate_verdict(binding_results)
     return dg.AssetCheckResult(
         passed=verdict.passed,
         # Only the frame shortfall stops registration; the in-context rate is read (D5 row 2).
-        severity=dg.AssetCheckSeverity.ERROR if verdict.stops else dg.AssetCheckSeverity.WARN,
+        severity=gate_severity(protocol, context, binding_results, stops=verdict.stops),
         description=verdict.description,
         metadata={"in-context": verdict.in_context, "frames failing single-sentence checks": verdict.failing_frames,
                   "next step": verdict.next_step})
@@ -75,7 +75,7 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
     settings, family_key = protocol.settings(), context.partition_key
     spec = registry(settings, family_key)["scorer"]
     _, tokenizer = language_model.load(spec)
-    result = score_pilot_reports(pilot_scores, pilot_trial_table, protocol.bank(), registered(settings, family_key),
+    result = score_pilot_reports(pilot_scores, pilot_trial_table, protocol.bank(), protocol.view(family_key),
                                  tokenizer, spec.checkpoint,
                                  lambda questions, letters: answer(language_model, spec, questions, letters),
                                  context.log.info)
@@ -89,10 +89,11 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
     })
 
 
-@dg.asset_check(asset=report_scoring, blocking=GATES_BLOCK,
-                description=scorer_agreement_description(DEFINITION_SETTINGS))
-def scorer_agreement(report_scoring: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=report_scoring, blocking=True,
+                description=GATE_DESCRIPTION + scorer_agreement_description(DEFINITION_SETTINGS))
+def scorer_agreement(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, report_scoring: pd.DataFrame) -> dg.AssetCheckResult:
     first = report_scoring.iloc[0]
     return dg.AssetCheckResult(passed=bool(first["gate_passed"]), description=str(first["message"]),
+                               severity=gate_severity(protocol, context, report_scoring),
                                metadata={"kappa": str(first["kappa"]),
                                          "refusals": int(report_scoring["refusal"].sum())})

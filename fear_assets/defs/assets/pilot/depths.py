@@ -5,9 +5,8 @@ import pandas as pd
 
 from fear_assets.analysis.pilot_controls import controls_description, controls_verdict
 from fear_assets.analysis.pilot_controls import pilot_controls as pilot_controls_step
-from fear_assets.core.registered import registered
 from fear_assets.core.settings import DepthBand, depth_key
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.pilot.depth_rules import pilot_depth_band
@@ -25,7 +24,7 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     of trials (else the two closest to 50%); the H5 depth is the deepest depth with pooled
     forced-choice accuracy in 0.60-0.90 (else the one closest to 0.75). A mention is the
     resolved outcome of 4.5 (``report_scoring``); refusals do not enter the rate."""
-    result = pilot_depth_band(pilot_scores, report_scoring, registered(protocol.settings(), context.partition_key))
+    result = pilot_depth_band(pilot_scores, report_scoring, protocol.view(context.partition_key))
     table = result.table
     return dg.Output(table, metadata={
         "depth band": ", ".join(DepthBand.of(result.band).keys), "band rule": result.band_rule,
@@ -53,7 +52,7 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     depths, for the tested model and, where scored, the judge (with its own surprisals)."""
     step = pilot_controls_step(pilot_scores, pilot_control_scores, pilot_depths, assignment_key, sentence_surprisal,
                                judge_sentence_surprisal, protocol.bank(),
-                               registered(protocol.settings(), context.partition_key), context.log.info)
+                               protocol.view(context.partition_key), context.log.info)
     result = step.table
     return dg.Output(result, metadata={
         "controls": dg.MetadataValue.md(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]
@@ -65,11 +64,12 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     })
 
 
-@dg.asset_check(asset=pilot_controls, blocking=GATES_BLOCK, description=controls_description(DEFINITION_SETTINGS))
-def positive_controls_pass(pilot_controls: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=pilot_controls, blocking=True,
+                description=GATE_DESCRIPTION + controls_description(DEFINITION_SETTINGS))
+def positive_controls_pass(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, pilot_controls: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = controls_verdict(pilot_controls)
     return dg.AssetCheckResult(
-        passed=verdict.passed, description=verdict.description,
+        passed=verdict.passed, description=verdict.description, severity=gate_severity(protocol, context, pilot_controls),
         metadata={"controls": dg.MetadataValue.md(pilot_controls[["control", "mean", "hdi_low", "hdi_high", "passed"]]
                                                   .round(3).to_markdown(index=False)),
                   "what it means": verdict.what_it_means})

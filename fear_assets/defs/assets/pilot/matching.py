@@ -3,11 +3,10 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.defs.assets.steps import answer, tested_builder
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -31,7 +30,7 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     binding replacement, from the per-frame columns stored here). ``passes_base`` marks frames that
     also pass under the base checkpoint (the base-against-assistant comparison uses only those)."""
     result = match_frames(sentence_surprisal, base_sentence_surprisal, protocol.bank(),
-                          registered(protocol.settings(), context.partition_key))
+                          protocol.view(context.partition_key))
     table = result.table
     return dg.Output(table, metadata={
         "matching differences per frame (plot)": metadata_image(
@@ -48,13 +47,14 @@ def matched_frames(context: dg.AssetExecutionContext, protocol: ProtocolResource
     })
 
 
-@dg.asset_check(asset=matched_frames, blocking=GATES_BLOCK, description=matching_gate_description(DEFINITION_SETTINGS))
-def matching_gate(protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=matched_frames, blocking=True,
+                description=GATE_DESCRIPTION + matching_gate_description(DEFINITION_SETTINGS))
+def matching_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, matched_frames: pd.DataFrame) -> dg.AssetCheckResult:
     problems, short = matching_gate_verdict(matched_frames, protocol.settings())
     return dg.AssetCheckResult(
         passed=not problems,
         # 4.3: the bank-level tests bind on the final bank (the record's gate); here they warn.
-        severity=dg.AssetCheckSeverity.ERROR if short else dg.AssetCheckSeverity.WARN,
+        severity=gate_severity(protocol, context, matched_frames, stops=short),
         description="matching passes" if not problems else
         "; ".join(problems) + ". New frames go through the same matching before registration (4.3).",
         metadata={"TOST": dg.MetadataValue.md(read_tost(matched_frames).round(4).to_markdown(index=False)),
@@ -77,7 +77,7 @@ def zero_preference(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     lie within the registered band. Failing items are listed for rewriting."""
     family_key = context.partition_key
     spec, builder = tested_builder(protocol, language_model, family_key, selected_names(name_gate))
-    result = zero_preference_step(builder, protocol.bank(), registered(protocol.settings(), family_key),
+    result = zero_preference_step(builder, protocol.bank(), protocol.view(family_key),
                                   lambda questions, letters: answer(language_model, spec, questions, letters),
                                   context.log.info)
     table, failures = result.table, result.failures
@@ -89,13 +89,14 @@ def zero_preference(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     })
 
 
-@dg.asset_check(asset=zero_preference, blocking=GATES_BLOCK,
-                description=zero_preference_description(DEFINITION_SETTINGS))
-def zero_preference_gate(zero_preference: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset=zero_preference, blocking=True,
+                description=GATE_DESCRIPTION + zero_preference_description(DEFINITION_SETTINGS))
+def zero_preference_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, zero_preference: pd.DataFrame) -> dg.AssetCheckResult:
     failures = zero_preference_failures(zero_preference)
     passed = bool(zero_preference["gate_passed"].iloc[0])
     return dg.AssetCheckResult(
         passed=passed, description=str(zero_preference["message"].iloc[0]),
+        severity=gate_severity(protocol, context, zero_preference),
         metadata={"failing items": dg.MetadataValue.md(failures.round(3).to_markdown(index=False) if len(failures) else "none"),
                   "questions": len(zero_preference),
                   "next step": "none" if passed else "rewrite the failing items' options (4.3) and re-run zero_preference"})

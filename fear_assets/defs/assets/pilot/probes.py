@@ -3,9 +3,8 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.defs.assets.probes import AT_CHANCE_DOC, CONTROLS_DOC, OUTPUTS_DOC, at_chance, probe_frame_set, probe_metadata
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.probes.pilot_probe import pilot_probe_controls, pilot_probe_rules_description, pilot_probe_verdict
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -29,7 +28,7 @@ def pilot_probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     out, ctrl = probe_frame_set(context, settings, family_key, pilot_scores, "pilot")
     if out is None:
         raise ValueError("no pilot probe blocks were scored: materialise pilot_scores for every depth first")
-    ctrl = pilot_probe_controls(out, ctrl, pilot_depths, registered(settings, family_key))
+    ctrl = pilot_probe_controls(out, ctrl, pilot_depths, protocol.view(family_key))
     meta_out, meta_ctrl = probe_metadata(out, ctrl)
     yield dg.Output(out, output_name="pilot_probe_outputs", metadata=meta_out)
     yield dg.Output(ctrl, output_name="pilot_probe_controls", metadata=meta_ctrl)
@@ -40,14 +39,15 @@ def pilot_controls_at_chance(pilot_probe_controls: pd.DataFrame) -> dg.AssetChec
     return at_chance(pilot_probe_controls)
 
 
-@dg.asset_check(asset="pilot_probe_controls", blocking=GATES_BLOCK,
-                description=pilot_probe_rules_description(DEFINITION_SETTINGS))
-def pilot_probe_rules(pilot_probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
+@dg.asset_check(asset="pilot_probe_controls", blocking=True,
+                description=GATE_DESCRIPTION + pilot_probe_rules_description(DEFINITION_SETTINGS))
+def pilot_probe_rules(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, pilot_probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = pilot_probe_verdict(pilot_probe_controls)
+    severity = gate_severity(protocol, context, pilot_probe_controls)
     if verdict.row is None:
-        return dg.AssetCheckResult(passed=False, description=verdict.description)
+        return dg.AssetCheckResult(passed=False, description=verdict.description, severity=severity)
     row = verdict.row
-    return dg.AssetCheckResult(passed=verdict.passed, description=verdict.description,
+    return dg.AssetCheckResult(passed=verdict.passed, description=verdict.description, severity=severity,
                                metadata={"band depths": row["band_depths"],
                                          "band mean accuracy": float(row["band_mean_accuracy"]),
                                          "h4 estimation-only": bool(row["h4_estimation_only"]),

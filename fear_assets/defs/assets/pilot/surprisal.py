@@ -6,9 +6,8 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.defs.deploy import GPU_OP_TAGS
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -27,19 +26,20 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
     base, scorer, judge) the checkpoint, dtype, context window, attention implementation,
     the sha256 of every weight, config and tokenizer file, and the library versions. Weights
     are never downloaded: a missing model fails with what to place where."""
-    result = model_manifest_step(registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir))
+    result = model_manifest_step(protocol.view(context.partition_key), Path(protocol.cache_dir))
     return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata={
         "manifest_sha256": result.digest, "checkpoints": dg.MetadataValue.md(result.shown.to_markdown(index=False)),
         "stand-in": protocol.settings().family(context.partition_key).stand_in or "none",
     })
 
 
-@dg.asset_check(asset=model_manifest, blocking=GATES_BLOCK, description=(
+@dg.asset_check(asset=model_manifest, blocking=True, description=GATE_DESCRIPTION + (
     "D6: once a registration record exists for the family (data/registration/<family>/), every "
     "later run must match its frozen part: settings, bank, model manifest, analysis code (every package "
     "but the Dagster wiring) and the supplementary note. "
-    "Blocking in confirmatory mode."))
-def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
+    "Blocking once the family's record is issued; a draft's difference only warns."))
+def matches_registration_record(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource,
+                                model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
     family = str(model_manifest["family"].iloc[0])
     record = read_family_record(protocol.registration_dir, family)
     if record is None:
@@ -48,7 +48,7 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
     match = record_match(record, protocol.settings(), protocol.bank(), model_manifest)
     return dg.AssetCheckResult(
         passed=match.passed,
-        severity=dg.AssetCheckSeverity.ERROR if match.frozen else dg.AssetCheckSeverity.WARN,
+        severity=gate_severity(protocol, context, model_manifest, stops=match.frozen),
         description=match.description, metadata={"status": record["status"], "differences": match.differences})
 
 
@@ -102,7 +102,7 @@ def _surprisal(context, protocol: ProtocolResource, language_model: LanguageMode
     settings, family_key = protocol.settings(), context.partition_key
     spec = registry(settings, family_key)[role]
     load = (lambda: language_model.load(spec)) if spec is not None else None
-    result = reader_surprisal(load, protocol.bank(), selected_names(name_gate), registered(settings, family_key),
+    result = reader_surprisal(load, protocol.bank(), selected_names(name_gate), protocol.view(family_key),
                               role, context.log.info)
     return result, spec.checkpoint if spec is not None else ""
 

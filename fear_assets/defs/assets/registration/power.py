@@ -17,9 +17,8 @@ import json
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions, \
     power_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -42,7 +41,7 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
 
     family_key = context.partition_key
     r = simulation_steps.power_pilot_estimates(
-        registered(protocol.settings(), family_key), protocol.bank(), pilot_scores, assignment_key,
+        protocol.view(family_key), protocol.bank(), pilot_scores, assignment_key,
         sentence_surprisal, pilot_depths, pilot_controls, pilot_probe_outputs)
     est = r.estimates
     return dg.Output(r.table, metadata={"band": ",".join(r.band), "pilot trials": r.pilot_trials,
@@ -71,7 +70,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
 
     keys = context.partition_key.keys_by_dimension
     family_key, key = keys["family"], keys[BATCH]
-    view = registered(protocol.settings(), family_key)
+    view = protocol.view(family_key)
     batch = simulation_steps.power_batch(view, key, power_pilot_estimates, protocol.output_path("power"),
                                          log=context.log.info)
     if batch.resumed:
@@ -100,7 +99,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     registered simulation."""
 
     family_key = context.partition_key
-    summary = simulation_steps.power_summary(registered(protocol.settings(), family_key), power_pilot_estimates,
+    summary = simulation_steps.power_summary(protocol.view(family_key), power_pilot_estimates,
                                              protocol.output_path("power"), protocol.registration_dir)
     decision, table = summary.decision, summary.table
     context.log.info(f"power gate {family_key}: {decision['status']}; frames {decision['frames']}; "
@@ -115,15 +114,15 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
         "targets": dg.MetadataValue.md(shown.to_markdown(index=False))})
 
 
-@dg.asset_check(asset=power_summary, blocking=GATES_BLOCK, description=(
+@dg.asset_check(asset=power_summary, blocking=True, description=GATE_DESCRIPTION + (
     "6.3: every registered target of the power simulation is met (a target whose component is "
     "not simulated counts as not met)."))
-def power_targets_met(power_summary: pd.DataFrame) -> dg.AssetCheckResult:
+def power_targets_met(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, power_summary: pd.DataFrame) -> dg.AssetCheckResult:
     missed = simulation_steps.targets_missed(power_summary)
     frames = sorted(power_summary["frames"].unique())
     demo = bool(power_summary["demo"].iloc[0]) if len(power_summary) else False
     return dg.AssetCheckResult(
-        passed=missed.empty,
+        passed=missed.empty, severity=gate_severity(protocol, context, power_summary),
         metadata={"missed or not computable": len(missed), "frames examined": ", ".join(map(str, frames)),
                   "demo (not registered)": demo},
         description=("all registered targets met" if missed.empty else

@@ -3,9 +3,8 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.core.registered import registered
 from fear_assets.core.settings import DepthBand, depth_key
-from fear_assets.defs.modes import GATES_BLOCK
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration import steps as registration_steps
@@ -37,7 +36,7 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     the confirmatory design and everything after it stale."""
     family_key = context.partition_key
     result = registration_steps.registration_record(
-        registered(protocol.settings(), family_key), protocol.bank(), name_gate, model_manifest, matched_frames,
+        protocol.view(family_key), protocol.bank(), name_gate, model_manifest, matched_frames,
         zero_preference, binding_results, report_scoring, pilot_depths, pilot_controls, pilot_probe_controls,
         power_summary, protocol.registration_dir, config.supplementary_note)
     record, path, table = result.record, result.path, result.table
@@ -52,15 +51,15 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     })
 
 
-@dg.asset_check(asset=registration_record, blocking=GATES_BLOCK, description=(
+@dg.asset_check(asset=registration_record, blocking=True, description=GATE_DESCRIPTION + (
     "Appendix C step 4 (\"Register: submit as a Stage 1 Registered Report with the frozen bank hash, model "
     "manifest, analysis code and supplementary note hash\"), once steps 1-3 hold: every registration gate of the "
-    "pilot passes (the record lists each with its numbers). Blocking in confirmatory mode; in pilot mode the "
-    "failures travel with the analysis."))
-def registration_gates(registration_record: pd.DataFrame) -> dg.AssetCheckResult:
+    "pilot passes (the record lists each with its numbers). Blocking once the family's record is issued; in "
+    "pilot mode the failures travel with the analysis."))
+def registration_gates(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, registration_record: pd.DataFrame) -> dg.AssetCheckResult:
     failed = registration_steps.failed_gates(registration_record)
     return dg.AssetCheckResult(
-        passed=failed.empty,
+        passed=failed.empty, severity=gate_severity(protocol, context, registration_record),
         description="every gate passes" if failed.empty else "failed: " + "; ".join(
             f"{r.gate}: {r.message}" for r in failed.itertuples()),
         metadata={"gates": dg.MetadataValue.md(registration_record[["gate", "passed", "numbers"]].to_markdown(index=False)),
