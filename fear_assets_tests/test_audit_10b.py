@@ -28,6 +28,7 @@ from fear_assets.reading.inputs import cross_family_statement, reading_inputs
 from fear_assets.registration.gates import (binding_outcomes, deviations, power_gate, registration_status)
 from fear_assets.registration.record import markdown, read_family_record, write_family_record
 from fear_assets.defs.resources.protocol import ProtocolResource
+from fear_assets_tests.issued import issued_protocol
 
 REFUSALS = ["I can't", "I cannot", "I'm sorry"]
 
@@ -119,7 +120,7 @@ def test_audit_gate_b_fits_the_rows_present_and_counts_the_missing():
 
 
 # -- 4. D5 row 2 is the in-context binding rate only ------------------------------------------
-def test_audit_binding_reading_is_the_in_context_rate_only(settings):
+def test_audit_binding_reading_is_the_in_context_rate_only(settings, tmp_path):
     minimum = settings.binding.pass_rate_min
     # 40/40 in context but a fear short of frames: a registration gate fails, the reading is not row 2.
     _, ok, message = in_context_rate([True] * 40, minimum)
@@ -143,14 +144,20 @@ def test_audit_binding_reading_is_the_in_context_rate_only(settings):
     with pytest.raises(FearAssetsError, match="re-materialise registration_record"):
         reading_inputs(_posteriors(H2="supported"), _record(binding_in_context=None))
     # The check: a shortfall stops (ERROR); the in-context rate alone is a warning, carried.
-    table = pd.DataFrame([{"item_id": "TER-01", "passes": True, "in_context_passed": False,
+    # A gate stops only once the family's record is issued, so the family here is registered.
+    registered_family = issued_protocol(tmp_path / "registration", "fam")
+    table = pd.DataFrame([{"family": "fam", "item_id": "TER-01", "passes": True, "in_context_passed": False,
                            "in_context_message": message, "in_context_correct": 35, "in_context_documents": 40,
                            "frames_to_write": json.dumps({})}])
-    result = binding_gate(binding_results=table)
+    result = binding_gate(None, protocol=registered_family, binding_results=table)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
-    result = binding_gate(binding_results=table.assign(in_context_passed=True,
-                                                       frames_to_write=json.dumps({"termination": 1})))
+    shortfall = table.assign(in_context_passed=True, frames_to_write=json.dumps({"termination": 1}))
+    result = binding_gate(None, protocol=registered_family, binding_results=shortfall)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
+    # In pilot mode (no issued record) the same shortfall is advisory: reported, never a stop.
+    pilot = ProtocolResource(registration_dir=str(tmp_path / "pilot"))
+    result = binding_gate(None, protocol=pilot, binding_results=shortfall)
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
 
 
 # -- 6. the depth band reads the resolved mention; refusals stay out of the rate ---------------
@@ -226,7 +233,7 @@ def test_audit_power_gate_not_run_is_flagged_and_blocks_registration(tmp_path):
     assert registration_status("confirmatory", ["power (6.3)"]) == "refused"
     assert registration_status("confirmatory", []) == "registered"
     assert registration_status("pilot", ["power (6.3)"]) == "draft"
-    check = registration_gates(registration_record=pd.DataFrame([{"gate": "power (6.3)", "passed": False,
+    check = registration_gates(None, protocol=ProtocolResource(), registration_record=pd.DataFrame([{"gate": "power (6.3)", "passed": False,
                                                                   "numbers": "{}", "message": gate["message"]}]))
     assert not check.passed and "power_summary" in check.description
     # A registered record is never replaced by a refused one.
@@ -249,10 +256,10 @@ def test_audit_power_refused_record_does_not_freeze_the_next_run(tmp_path):
                               "dtype": "float32", "context_window": 8192, "attn_implementation": "eager"}])
     protocol = ProtocolResource(registration_dir=str(tmp_path))
     write_family_record(tmp_path, _record(status="refused", mode="confirmatory"), confirmatory=True)
-    result = matches_registration_record(protocol=protocol, model_manifest=manifest)
+    result = matches_registration_record(None, protocol=protocol, model_manifest=manifest)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
     write_family_record(tmp_path, _record(status="registered", mode="confirmatory"), confirmatory=True)
-    result = matches_registration_record(protocol=protocol, model_manifest=manifest)
+    result = matches_registration_record(None, protocol=protocol, model_manifest=manifest)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
 
 
@@ -291,19 +298,24 @@ def test_audit_cross_family_statement_excludes_descriptive_families():
 
 
 # -- minor: convergence blocks only on the estimands that can change the reading ---------------
-def test_audit_posteriors_converged_blocks_on_confirmatory_estimands_only():
+def test_audit_posteriors_converged_blocks_on_confirmatory_estimands_only(tmp_path):
     def row(contrast, kind, problems):
         return {"contrast": contrast, "kind": kind, "status": "estimated", "rhat": 1.0, "ess_bulk": 900.0,
                 "ess_tail": 900.0, "divergences": 0, "convergence_problems": problems}
     secondary = pd.DataFrame([row("H2", "confirmatory", ""), row("H2_role_play", "secondary", "R-hat 1.050 > 1.01"),
-                              row("H2_summed_logprob", "sensitivity", "bulk ESS 90 < 400")])
-    result = posteriors_converged(posteriors=secondary)
+                              row("H2_summed_logprob", "sensitivity", "bulk ESS 90 < 400")]).assign(family="fam")
+    # The family is registered: a blocking verdict is an ERROR only then (pilot mode: WARN, below).
+    registered_family = issued_protocol(tmp_path / "registration", "fam")
+    result = posteriors_converged(None, protocol=registered_family, posteriors=secondary)
     assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
     assert "H2_role_play" in result.description and "cannot change the reading" in result.description
     for kind, name in (("confirmatory", "H5"), ("gate", "gate_b_recall_H2"), ("control", "control_marked_priority")):
         table = pd.concat([secondary, pd.DataFrame([row(name, kind, "3 divergences")])], ignore_index=True)
-        result = posteriors_converged(posteriors=table)
+        result = posteriors_converged(None, protocol=registered_family, posteriors=table)
         assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR and name in result.description
+        pilot = posteriors_converged(None, protocol=ProtocolResource(registration_dir=str(tmp_path / "pilot")),
+                                     posteriors=table)
+        assert not pilot.passed and pilot.severity == dg.AssetCheckSeverity.WARN
 
 
 # -- minor: the zero-preference averaging is stated as a deviation in the record ---------------

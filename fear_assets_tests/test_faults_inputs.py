@@ -252,7 +252,7 @@ def test_a_model_directory_whose_weights_differ_from_the_manifest_is_blocked(set
     (tmp_path / "registration" / "f" / "registration_record.json").write_text(json.dumps({
         "family": "f", "status": "registered", "settings_sha256": settings.sha256, "bank_sha256": bank.sha256,
         "manifest_sha256": manifest_digest(table(registered)), "analysis_code_sha256": analysis_code_sha256()}))
-    check = matches_registration_record(protocol=ProtocolResource(registration_dir=str(tmp_path / "registration")),
+    check = matches_registration_record(None, protocol=ProtocolResource(registration_dir=str(tmp_path / "registration")),
                                         model_manifest=table(manifest(spec)))
     gate = (not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
             and "manifest_sha256" in check.description)

@@ -17,6 +17,7 @@ from fear_assets.pilot.matching import final_bank_matching, matching_problems
 from fear_assets.pilot.zero_preference import zero_preference_table
 from fear_assets.registration.pilot_gates import final_selection, zero_preference_gate
 from fear_assets.defs.resources.protocol import ProtocolResource
+from fear_assets_tests.issued import issued_protocol
 
 FAMILY = "qwen2.5-7b"  # a registered family: ten confirmatory frames per fear
 CONFIRMATORY = [f"TER-{n:02d}" for n in range(3, 13)]
@@ -143,7 +144,7 @@ def test_a_frame_never_asked_the_zero_preference_questions_does_not_pass(setting
     assert not gate["passed"] and "TER-05" in gate["message"]
 
 
-def test_the_matching_stage_check_warns_on_its_own_tost_and_stops_only_on_missing_frames(settings):
+def test_the_matching_stage_check_warns_on_its_own_tost_and_stops_only_on_missing_frames(settings, tmp_path):
     """The bank-level tests bind on the final bank (the registration record's gate). On the
     matching stage's own selection they can only warn: binding may still replace frames, and
     a stop here would refuse a bank whose final selection passes. A fear short of frames
@@ -154,13 +155,18 @@ def test_the_matching_stage_check_warns_on_its_own_tost_and_stops_only_on_missin
     tost_only = _matched(_surprisal(reserve_level=3.0, reserve_self_threat=0.09, event_nll=3.0).assign(
         rest_nll=lambda t: t["rest_nll"] + np.where((t["agent"] == "self") & (t["content"] == "threat")
                                                     & (t["frame_set"] == "confirmatory"), 0.09, 0.0)))
-    result = matching_gate(protocol=ProtocolResource(), matched_frames=tost_only)
+    # The family is registered (a gate stops only then); in pilot mode every failure warns (below).
+    registered_family = issued_protocol(tmp_path / "registration", FAMILY)
+    result = matching_gate(None, protocol=registered_family, matched_frames=tost_only.assign(family=FAMILY))
     assert not result.passed and "not shown within the bound" in result.description
     assert result.severity == dg.AssetCheckSeverity.WARN
     # Frames beyond the tolerance everywhere: the fear is short of frames, which stops.
     short = _matched(_surprisal(reserve_level=3.0, reserve_self_threat=0.2, event_nll=3.0).assign(
         rest_nll=lambda t: t["rest_nll"] + np.where((t["agent"] == "self") & (t["content"] == "threat")
                                                     & (t["item_id"].isin(CONFIRMATORY[:2])), 0.2, 0.0)))
-    result = matching_gate(protocol=ProtocolResource(), matched_frames=short)
+    result = matching_gate(None, protocol=registered_family, matched_frames=short.assign(family=FAMILY))
     assert not result.passed and "write 2 new frame(s) for termination" in result.description
     assert result.severity == dg.AssetCheckSeverity.ERROR
+    pilot = matching_gate(None, protocol=ProtocolResource(registration_dir=str(tmp_path / "pilot")),
+                          matched_frames=short.assign(family=FAMILY))
+    assert not pilot.passed and pilot.severity == dg.AssetCheckSeverity.WARN

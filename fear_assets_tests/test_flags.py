@@ -18,6 +18,7 @@ import fear_assets
 from fear_assets.analysis.h4 import h4_flags
 from fear_assets.defs.assets.analysis import posteriors_converged
 from fear_assets.defs.assets.probes import at_chance
+from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.probes.carriage import h4_interpretable, interval
 from fear_assets.analysis.estimands import h4_estimand_row
 from fear_assets.reading.inputs import reading_inputs
@@ -247,7 +248,7 @@ def test_a_failing_control_probe_marks_h4_uninterpretable_and_the_reading_is_unc
     with_h4, without_h4 = _posteriors(h4_row=h4), _posteriors()
     assert _reading(with_h4, record)[1] == _reading(without_h4, record)[1]
     assert _reading(with_h4, record)[1].row == 10
-    result = posteriors_converged(posteriors=with_h4)
+    result = posteriors_converged(None, protocol=ProtocolResource(), posteriors=with_h4)
     assert result.severity.name == "WARN" and "H4" in result.description
 
 

@@ -20,6 +20,7 @@ from fear_assets.defs.assets.pilot.binding import binding_gate, scorer_agreement
 from fear_assets.defs.assets.pilot.depths import positive_controls_pass
 from fear_assets.defs.assets.pilot.matching import matching_gate, zero_preference_gate
 from fear_assets.defs.assets.registration.record import registration_gates
+from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.reading.inputs import reading_inputs
 from fear_assets.core.errors import FreezeError
 from fear_assets.pilot.binding import in_context_rate
@@ -45,7 +46,7 @@ def _zero_table(p_option1: float, settings) -> pd.DataFrame:
 
 @pytest.mark.parametrize("p, passes", [(0.4, True), (0.6, True), (0.5, True), (0.399, False), (0.601, False)])
 def test_zero_preference_check_at_its_bounds(settings, p, passes):
-    result = zero_preference_gate(zero_preference=_zero_table(p, settings))
+    result = zero_preference_gate(None, protocol=ProtocolResource(), zero_preference=_zero_table(p, settings))
     assert result.passed is passes
     if not passes:
         assert "TER-03" in result.description
@@ -61,13 +62,13 @@ def _binding_table(n_correct: int, settings, frames_to_write=None) -> pd.DataFra
 
 
 def test_binding_check_passes_at_36_of_40_and_fails_at_35(settings):
-    assert binding_gate(binding_results=_binding_table(36, settings)).passed
-    failed = binding_gate(binding_results=_binding_table(35, settings))
+    assert binding_gate(None, protocol=ProtocolResource(), binding_results=_binding_table(36, settings)).passed
+    failed = binding_gate(None, protocol=ProtocolResource(), binding_results=_binding_table(35, settings))
     assert not failed.passed and "uninterpretable" in failed.description
 
 
 def test_binding_check_fails_when_a_fear_runs_short_of_frames(settings):
-    result = binding_gate(binding_results=_binding_table(40, settings, {"termination": 1}))
+    result = binding_gate(None, protocol=ProtocolResource(), binding_results=_binding_table(40, settings, {"termination": 1}))
     assert not result.passed and "1 frame(s) for termination" in result.description
 
 
@@ -89,10 +90,10 @@ def _kappa_table(disagreements: int, settings) -> tuple[float, pd.DataFrame]:
 def test_scorer_agreement_passes_at_081_and_fails_at_079(settings):
     kappa, table = _kappa_table(9, settings)  # 91/100 agree
     assert 0.80 < kappa < 0.83
-    assert scorer_agreement(report_scoring=table).passed
+    assert scorer_agreement(None, protocol=ProtocolResource(), report_scoring=table).passed
     kappa, table = _kappa_table(11, settings)  # 89/100 agree
     assert 0.77 < kappa < 0.80
-    result = scorer_agreement(report_scoring=table)
+    result = scorer_agreement(None, protocol=ProtocolResource(), report_scoring=table)
     assert not result.passed and "revise the keyword rule" in result.description
 
 
@@ -128,12 +129,12 @@ def test_matching_check_replaces_a_frame_beyond_010_and_passes(settings):
     # TER-03 misses by a hair (0.1001), the reserve is exactly at the tolerance (0.10): kept.
     table = _matched({"TER-03": 0.1001, "TER-13": 0.0}, settings)
     assert not table.set_index("item_id").loc["TER-03", "passes"]
-    assert matching_gate(protocol=_protocol(), matched_frames=table).passed
+    assert matching_gate(None, protocol=_protocol(), matched_frames=table).passed
 
 
 def test_matching_check_fails_and_says_how_many_frames_to_write(settings):
     table = _matched({"TER-03": 0.2, "TER-13": 0.2}, settings)
-    result = matching_gate(protocol=_protocol(), matched_frames=table)
+    result = matching_gate(None, protocol=_protocol(), matched_frames=table)
     assert not result.passed and "write 1 new frame(s) for termination" in result.description
 
 
@@ -151,7 +152,7 @@ def test_positive_control_pass_rule(settings, centre, passes):
                         settings.positive_controls.pass_min_mean, 0.0)
     assert v.passed is passes
     table = pd.DataFrame([v.__dict__])
-    assert positive_controls_pass(pilot_controls=table).passed is passes
+    assert positive_controls_pass(None, protocol=ProtocolResource(), pilot_controls=table).passed is passes
 
 
 def test_a_control_with_a_mean_at_the_sesoi_passes_and_just_below_fails(settings):
@@ -209,9 +210,9 @@ def test_markdown_lists_every_gate():
 def test_registration_gates_check_lists_the_failing_gates():
     table = pd.DataFrame([{"gate": "binding (4.2)", "passed": False, "numbers": "{}", "message": "below 90%"},
                           {"gate": "name_gate (4.2)", "passed": True, "numbers": "{}", "message": "ok"}])
-    result = registration_gates(registration_record=table)
+    result = registration_gates(None, protocol=ProtocolResource(), registration_record=table)
     assert not result.passed and "binding (4.2): below 90%" in result.description
-    assert registration_gates(registration_record=table.assign(passed=True)).passed
+    assert registration_gates(None, protocol=ProtocolResource(), registration_record=table.assign(passed=True)).passed
 
 
 # -- convergence and the reading's inputs (6.1, D5) ---------------------------------------------
@@ -222,9 +223,9 @@ def test_convergence_check_names_the_contrast_that_did_not_converge():
                           {"contrast": "H5", "kind": "confirmatory", "status": "estimated", "rhat": 1.05,
                            "ess_bulk": 90.0, "ess_tail": 80.0, "divergences": 3,
                            "convergence_problems": "R-hat 1.050 > 1.01"}])
-    result = posteriors_converged(posteriors=table)
+    result = posteriors_converged(None, protocol=ProtocolResource(), posteriors=table)
     assert not result.passed and "H5: R-hat" in result.description
-    assert posteriors_converged(posteriors=table.iloc[:1]).passed
+    assert posteriors_converged(None, protocol=ProtocolResource(), posteriors=table.iloc[:1]).passed
 
 
 def test_reading_inputs_treat_unscored_gates_and_controls_conservatively():

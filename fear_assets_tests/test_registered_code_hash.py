@@ -118,13 +118,13 @@ def test_editing_one_character_of_the_outcome_code_changes_the_hash_and_is_refus
     root = _copy_tree(tmp_path)
     # Control: the unedited copy matches the registered record.
     monkeypatch.setattr(record_module, "PACKAGE_ROOT", root)
-    assert matches_registration_record(protocol=protocol, model_manifest=MANIFEST).passed
+    assert matches_registration_record(None, protocol=protocol, model_manifest=MANIFEST).passed
     _edit_one_character(root / module, old, new)
     edited_code = analysis_code_sha256(root)
     assert edited_code != registered_code
     # Downstream is blocked: the freeze check fails (ERROR on a registered record, which is
     # blocking in confirmatory mode) naming the code hash, and the record is not rewritten.
-    check = matches_registration_record(protocol=protocol, model_manifest=MANIFEST)
+    check = matches_registration_record(None, protocol=protocol, model_manifest=MANIFEST)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     assert "analysis_code_sha256: registered " + registered_code[:16] in check.description
     with pytest.raises(FreezeError, match="analysis_code_sha256"):
@@ -140,7 +140,7 @@ def test_editing_one_character_of_the_banks_document_template_is_refused(setting
     write_family_record(registration, _registered(settings, bank, analysis_code_sha256()), confirmatory=True)
     _edit_one_character(bank_copy / "templates.yaml", "another company.\"\n  service_relevance",
                         "another company!\"\n  service_relevance")
-    check = matches_registration_record(protocol=ProtocolResource(registration_dir=str(registration),
+    check = matches_registration_record(None, protocol=ProtocolResource(registration_dir=str(registration),
                                                                   bank_dir=str(bank_copy)), model_manifest=MANIFEST)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR and "bank_sha256" in check.description
 
@@ -231,9 +231,9 @@ def test_an_edited_supplementary_note_after_registration_is_refused(settings, ba
     registration = tmp_path / "registration"
     write_family_record(registration, _registered(settings, bank, analysis_code_sha256(), **entry), confirmatory=True)
     protocol = ProtocolResource(registration_dir=str(registration))
-    assert matches_registration_record(protocol=protocol, model_manifest=MANIFEST).passed
+    assert matches_registration_record(None, protocol=protocol, model_manifest=MANIFEST).passed
     note.write_bytes(b"%PDF-1.7 unreviewed reportS\n")  # one character
-    check = matches_registration_record(protocol=protocol, model_manifest=MANIFEST)
+    check = matches_registration_record(None, protocol=protocol, model_manifest=MANIFEST)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     assert "supplementary_note_sha256" in check.description
     with pytest.raises(FreezeError, match="supplementary_note_sha256"):
@@ -242,18 +242,18 @@ def test_an_edited_supplementary_note_after_registration_is_refused(settings, ba
 
 
 def test_the_record_asset_refuses_a_confirmatory_registration_without_the_note(tmp_path):
-    """The asset itself, in confirmatory mode, with no note at the default path: refused before
-    any record is written, naming the file and the run-config key."""
+    """The asset itself, for a registered family (confirmatory mode: its record is issued, on
+    the current inputs) with no note at the default path: refused before any record is
+    written, naming the file and the run-config key."""
     from fear_assets.defs.assets.registration.record import RecordConfig, registration_record
-    from fear_assets.core.settings import DEFAULT_SETTINGS_PATH
+    from fear_assets_tests.issued import issued_protocol
 
-    text = DEFAULT_SETTINGS_PATH.read_text(encoding="utf-8")
-    assert text.count("  mode: pilot\n") == 1
-    confirmatory = tmp_path / "protocol_settings.yaml"
-    confirmatory.write_text(text.replace("  mode: pilot\n", "  mode: confirmatory\n"), encoding="utf-8")
     registration = tmp_path / "registration"
-    protocol = ProtocolResource(settings_path=str(confirmatory), registration_dir=str(registration))
-    assert protocol.settings().mode == "confirmatory"
+    plain = ProtocolResource()
+    protocol = issued_protocol(registration, "smollm2-135m", settings_sha256=plain.settings().sha256,
+                               bank_sha256=plain.bank().sha256, analysis_code_sha256=analysis_code_sha256())
+    assert protocol.view("smollm2-135m").mode == "confirmatory"
+    issued = (registration / "smollm2-135m" / "registration_record.json").read_text()
     empty = pd.DataFrame()
     with pytest.raises(FreezeError, match=r"supplementary note is missing.*registration/supplementary_note\.pdf"
                                           r".*ops: registration_record: config: supplementary_note"):
@@ -262,4 +262,5 @@ def test_the_record_asset_refuses_a_confirmatory_registration_without_the_note(t
                             zero_preference=empty, binding_results=empty, report_scoring=empty,
                             pilot_depths=empty, pilot_controls=empty, pilot_probe_controls=empty,
                             power_summary=empty)
-    assert not registration.exists()
+    assert (registration / "smollm2-135m" / "registration_record.json").read_text() == issued
+    assert sorted(p.name for p in (registration / "smollm2-135m").iterdir()) == ["registration_record.json"]
