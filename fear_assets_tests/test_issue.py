@@ -21,26 +21,11 @@ from fear_assets.registration.issue import family_mode, issue_record, refuse_cha
 from fear_assets.registration.record import (FROZEN_FIELDS, read_family_record, registered_code_hashes,
                                              write_family_record)
 from fear_assets_tests.conftest import EMBEDDED, PRIMARY
-
-NOW = "2026-12-01T16:00:00+00:00"
+from fear_assets_tests.issued import NOW, pilot_draft
 
 
 def _draft(settings, bank, family: str = PRIMARY, **over) -> dict:
-    """A pilot's draft record on the current inputs (as ``registration_record`` writes it)."""
-    from fear_assets.registration.record import analysis_code_sha256
-
-    record = {"protocol": settings.protocol.name, "protocol_version": settings.protocol.version, "family": family,
-              "mode": "pilot", "status": "draft", "stand_in": "", "reduced_design": "",
-              "settings_sha256": settings.sha256, "bank_sha256": bank.sha256, "manifest_sha256": "c" * 64,
-              "analysis_code_sha256": analysis_code_sha256(), "supplementary_note": "",
-              "supplementary_note_sha256": None, "selected_names": ["Orin", "Tavi", "Kemi", "Sora", "Pell"],
-              "selected_frames": ["TER-03"], "replacements": {}, "depth_band": [1, 2], "band_rule": "r",
-              "h5_depth": 2, "h5_rule": "r", "pilot_sigma": 0.3, "pilot_sigma_judge": None,
-              "gates": {"binding (4.2)": {"passed": True, "numbers": {}, "message": "ok"},
-                        "name_gate (4.2)": {"passed": True, "numbers": {}, "message": "ok"}},
-              "failed_gates": [], "not_run": [], "binding_in_context": None, "power": None}
-    record.update(over)
-    return record
+    return pilot_draft(settings, bank, family, **over)
 
 
 def _note(tmp_path):
