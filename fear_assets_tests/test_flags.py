@@ -254,8 +254,9 @@ def test_a_failing_control_probe_marks_h4_uninterpretable_and_the_reading_is_unc
 
 # -- confirmatory mode through Dagster: a failing gate blocks; H4's flags do not ---------------
 _CONFIRMATORY_RUN = textwrap.dedent('''
-    """Run in a process whose settings are in confirmatory mode (Dagster fixes a check's
-    blocking flag when the definitions load). Real checks and the real reading asset; the
+    """Run in a workspace where the family's registration record is issued (confirmatory
+    mode: its gates' failures are ERRORs, so the blocking ones stop what is downstream; the
+    registered settings are not edited). Real checks and the real reading asset; the
     assets upstream of the reading are stand-ins with the real keys and the real edges
     (asserted below), producing fixed tables through the real H4 and reading functions, so
     that no model is fitted."""
@@ -267,7 +268,6 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
     from fear_assets.analysis.h4 import h4_declared, h4_flags, h4_label
     from fear_assets.defs.assets.reading import section8_reading
     from fear_assets.defs.definitions import all_checks, defs, resources
-    from fear_assets.defs.modes import GATES_BLOCK
     from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
     from fear_assets.probes.carriage import h4_interpretable, interval
     from fear_assets.registration.gates import declared_estimation_only
@@ -277,6 +277,7 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
 
     SETTINGS = load_settings()
     FAMILY = sys.argv[2]
+    REGISTRATION = sys.argv[4]
     CASE = {}  # the case being run (one materialisation per case, each in its own instance and store)
     KEYS = ("registration_record", "probe_controls", "h4_posterior", "posteriors", "section8_reading")
     GATES = ("gate_a_service_relevance_H2", "gate_b_recall_H2", "gate_c_judge_H2_difference")
@@ -350,8 +351,8 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
         db = f"{sys.argv[1]}.{i}.duckdb"
         with dg.instance_for_test() as instance:
             run = dg.materialize([*standins, section8_reading, *checks], partition_key=FAMILY, instance=instance,
-                                 resources=resources(db), raise_on_error=False)
-        out = {"gates_block": GATES_BLOCK,
+                                 resources=resources(db, registration_dir=REGISTRATION), raise_on_error=False)
+        out = {"mode": resources(db, registration_dir=REGISTRATION)["protocol"].mode(FAMILY),
                "materialised": sorted(e.asset_key.to_user_string() for e in run.get_asset_materialization_events()),
                "checks": {e.check_name: [e.passed, e.severity.name] for e in run.get_asset_check_evaluations()},
                "failed_steps": sorted(e.step_key for e in run.all_events if e.is_step_failure)}
@@ -366,22 +367,26 @@ _CONFIRMATORY_RUN = textwrap.dedent('''
 
 
 def _confirmatory_runs(tmp_path, *cases: dict) -> list[dict]:
-    settings_text = (PROJECT_ROOT / "data" / "protocol_settings.yaml").read_text()
-    assert "  mode: pilot\n" in settings_text
-    settings_file = tmp_path / "settings_confirmatory.yaml"
-    settings_file.write_text(settings_text.replace("  mode: pilot\n", "  mode: confirmatory\n"))
+    from fear_assets.stimuli.bank import load_bank
+    from fear_assets_tests.issued import register
+
+    settings = load_settings()
+    family = next(iter(settings.families))
+    registration = tmp_path / "registration"
+    register(registration, family, settings, load_bank(settings=settings))  # fear register: A is registered
     home = tmp_path / "dagster_home"
     home.mkdir()
-    env = {**os.environ, "FEAR_ASSETS_SETTINGS": str(settings_file), "DAGSTER_HOME": str(home)}
-    family = next(iter(load_settings().families))
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env.pop("FEAR_ASSETS_SETTINGS", None)
     out = subprocess.run([sys.executable, "-c", _CONFIRMATORY_RUN, str(home / "store"), family,
-                          json.dumps(list(cases))], env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+                          json.dumps(list(cases)), str(registration)], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=PROJECT_ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_confirmatory_mode_a_failing_gate_blocks_its_downstream_and_h4s_flags_do_not(tmp_path, settings):
-    """Confirmatory mode, real Dagster materialisations: (1) a failing registration gate (a
+    """Confirmatory mode (the family's record issued), real Dagster materialisations: (1) a failing registration gate (a
     blocking check) stops everything downstream of the record in the same run: no posteriors,
     no reading; (2) with the record registered, a control probe off chance and a non-converged
     H4 fit fail their checks as warnings, H4's row says uninterpretable, and posteriors (H2,
@@ -391,7 +396,8 @@ def test_confirmatory_mode_a_failing_gate_blocks_its_downstream_and_h4s_flags_do
     blocked, flagged = _confirmatory_runs(
         tmp_path, {"gate_passes": False, "control_correct": 200, "h4_diagnostics": converged},
         {"gate_passes": True, "control_correct": 300, "h4_diagnostics": not_converged})
-    assert blocked["gates_block"] is True
+    assert blocked["mode"] == "confirmatory"  # the family's record is issued: its gates block
+    assert blocked["checks"]["registration_gates"] == [False, "ERROR"]
     assert blocked["checks"]["registration_gates"][0] is False
     assert "posteriors" not in blocked["materialised"] and "section8_reading" not in blocked["materialised"]
     assert "registration_record" in blocked["materialised"]

@@ -247,64 +247,80 @@ def test_reading_inputs_treat_unscored_gates_and_controls_conservatively():
 _MODE_RUN = textwrap.dedent("""
     import json, sys
     import dagster as dg
+    import duckdb
     from fear_assets.defs.definitions import all_assets, all_checks, resources
     from fear_assets.defs.partitions import registered_partition_keys
     from fear_assets.core.settings import load_settings
     SETTINGS = load_settings()
-    res = resources(sys.argv[1])
+    db, registration, families = sys.argv[1], sys.argv[2], sys.argv[3:]
+    res = resources(db, registration_dir=registration)
     everything = [*all_assets, *all_checks]
-    out = {"mode": SETTINGS.mode}
+    results = {}
     with dg.instance_for_test() as instance:
-        # The bank first (its freeze check fails on this settings copy, in a run of its own).
         dg.materialize(everything, selection=["frame_bank"], instance=instance, resources=res, raise_on_error=False)
-        if SETTINGS.mode == "confirmatory":
+        for family in families:
+            out = {"mode": res["protocol"].mode(family)}
             # One run: the gate and a pilot asset downstream of it (same family partition).
-            run = dg.materialize(everything, selection=["name_gate", "zero_preference"], partition_key="smollm2-135m",
+            run = dg.materialize(everything, selection=["name_gate", "zero_preference"], partition_key=family,
                                  instance=instance, resources=res, raise_on_error=False)
-            out["checks"] = [(e.check_name, e.passed) for e in run.get_asset_check_evaluations()]
+            out["checks"] = [(e.check_name, e.passed, e.severity.name) for e in run.get_asset_check_evaluations()]
             out["materialised"] = sorted(e.asset_key.to_user_string() for e in run.get_asset_materialization_events())
             out["failed_steps"] = [e.step_key for e in run.all_events if e.is_step_failure]
-        else:
-            dg.materialize(everything, selection=["name_gate"], partition_key="smollm2-135m", instance=instance,
-                           resources=res, raise_on_error=False)
-        # The trial table (family x depth, so a run of its own) reads the gate's outcome.
-        key = registered_partition_keys(SETTINGS, "smollm2-135m")[0]
-        run = dg.materialize(everything, selection=["pilot_trial_table"], partition_key=key, instance=instance,
-                             resources=res, raise_on_error=False)
-        out["trial_table_materialised"] = bool(run.get_asset_materialization_events())
-        out["trial_table_failed"] = any(e.is_step_failure for e in run.all_events)
-        out["flags"] = []
-        if out["trial_table_materialised"]:
-            import duckdb
-            with duckdb.connect(sys.argv[1], read_only=True) as con:
-                out["flags"] = [r[0] for r in con.execute(
-                    "select distinct name_gate_passed from two_facts_one_gate.pilot_trial_table").fetchall()]
-    print(json.dumps(out))
+            # The trial table (family x depth, so a run of its own) reads the gate's outcome.
+            key = registered_partition_keys(SETTINGS, family)[0]
+            run = dg.materialize(everything, selection=["pilot_trial_table"], partition_key=key, instance=instance,
+                                 resources=res, raise_on_error=False)
+            out["trial_table_materialised"] = bool(run.get_asset_materialization_events())
+            out["trial_table_failed"] = any(e.is_step_failure for e in run.all_events)
+            out["flags"] = []
+            if out["trial_table_materialised"]:
+                with duckdb.connect(db, read_only=True) as con:
+                    out["flags"] = [r[0] for r in con.execute(
+                        "select distinct name_gate_passed from two_facts_one_gate.pilot_trial_table "
+                        "where family = ?", [family]).fetchall()]
+            results[family] = out
+    print(json.dumps(results))
 """)
 
 
-def _run_mode(mode: str, tmp_path) -> dict:
-    settings_text = (PROJECT_ROOT / "data" / "protocol_settings.yaml").read_text()
-    settings_file = tmp_path / f"settings_{mode}.yaml"
-    settings_file.write_text(settings_text.replace("  mode: pilot\n", f"  mode: {mode}\n"))
-    env = {**os.environ, "FEAR_ASSETS_SETTINGS": str(settings_file), "DAGSTER_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", _MODE_RUN, str(tmp_path / f"{mode}.duckdb")], env=env,
-                         capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+def _run_modes(tmp_path, registered_family: str, *families: str) -> dict:
+    """Run ``families`` in one workspace (one instance, store and registration directory) in
+    which only ``registered_family``'s record is issued; the settings are the registered file."""
+    from fear_assets.core.settings import load_settings
+    from fear_assets.stimuli.bank import load_bank
+    from fear_assets_tests.issued import register
+
+    settings = load_settings()
+    registration = tmp_path / "registration"
+    register(registration, registered_family, settings, load_bank(settings=settings))
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    env.pop("FEAR_ASSETS_SETTINGS", None)
+    out = subprocess.run([sys.executable, "-c", _MODE_RUN, str(tmp_path / "modes.duckdb"), str(registration),
+                          *families], env=env, capture_output=True, text=True, timeout=900, cwd=PROJECT_ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_confirmatory_mode_runs_nothing_downstream_of_a_failed_gate(tmp_path):
-    """The name gate fails for the registered names (docs/name_gate.md). In confirmatory
-    mode its blocking check stops the pilot asset downstream in the same run, and the trial
-    table refuses to build; in pilot mode the table builds and every row carries the flag."""
-    confirmatory = _run_mode("confirmatory", tmp_path)
+    """The name gate fails for the registered names (docs/name_gate.md). Issuing family A's
+    registration record switches A, and only A, to blocking: A's failed gate has ERROR
+    severity, its blocking check stops the pilot asset downstream in the same run, and A's
+    trial table refuses to build; family B, in pilot mode in the same workspace, fails the
+    same gate as a warning: its downstream asset runs, its table builds and every row
+    carries the flag. No settings file is edited."""
+    a, b = "qwen2.5-7b", "smollm2-135m"  # A's downstream never runs, so its 7B model is never loaded
+    runs = _run_modes(tmp_path, a, a, b)
+    confirmatory, pilot = runs[a], runs[b]
     assert confirmatory["mode"] == "confirmatory"
-    assert ("five_single_token_names", False) in [tuple(c) for c in confirmatory["checks"]]
+    assert ("five_single_token_names", False) in [tuple(c[:2]) for c in confirmatory["checks"]]
+    assert ("five_single_token_names", False, "ERROR") in [tuple(c) for c in confirmatory["checks"]]
     # The blocking gate stopped its downstream asset in the same run: only the check's own
     # step fails (that is how Dagster blocks), zero_preference is skipped, never started.
     assert confirmatory["materialised"] == ["name_gate"]
     assert confirmatory["failed_steps"] == ["name_gate_five_single_token_names"]
     assert not confirmatory["trial_table_materialised"] and confirmatory["trial_table_failed"]
-    pilot = _run_mode("pilot", tmp_path)
+    # The other family stays in its own mode: the same failure is a warning, nothing stops.
+    assert pilot["mode"] == "pilot"
+    assert ("five_single_token_names", False, "WARN") in [tuple(c) for c in pilot["checks"]]
+    assert pilot["materialised"] == ["name_gate", "zero_preference"] and pilot["failed_steps"] == []
     assert pilot["trial_table_materialised"] and pilot["flags"] == [False]
