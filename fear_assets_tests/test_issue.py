@@ -162,3 +162,22 @@ def test_a_registered_family_whose_code_changes_is_refused_naming_the_file(tmp_p
     with pytest.raises(FreezeError, match="code file analysis/new_rule.py added"):
         refuse_changed_inputs(protocol.registration_dir, PRIMARY, record, settings, bank,
                               {**registered_code_hashes(), "analysis/new_rule.py": "1" * 64})
+
+
+def test_a_registered_familys_record_rerun_on_its_inputs_keeps_its_issue(tmp_path, settings, bank):
+    """registration_record rerun for a registered family on the registered inputs rewrites
+    the record with the same frozen values: it stays issued (identifier, time, per-part hashes);
+    on other values, or with a gate failed, it is refused and the issued record stays."""
+    protocol = _registered_resource(tmp_path, settings, bank)
+    issued = read_family_record(protocol.registration_dir, PRIMARY)
+    rerun = {k: v for k, v in issued.items() if k not in ("stage1_id", "issued_at", "frozen_items")}
+    write_family_record(protocol.registration_dir, rerun, confirmatory=True)
+    again = read_family_record(protocol.registration_dir, PRIMARY)
+    assert again["stage1_id"] == "RR-7" and again["issued_at"] == NOW and again["frozen_items"] == issued["frozen_items"]
+    assert family_mode(protocol.registration_dir, PRIMARY) == "confirmatory"
+    with pytest.raises(FreezeError, match="never overwritten"):
+        write_family_record(protocol.registration_dir, {**rerun, "depth_band": [3, 4]}, confirmatory=True)
+    with pytest.raises(FreezeError, match="never replaced by one that is not"):
+        write_family_record(protocol.registration_dir, {**rerun, "status": "refused", "failed_gates": ["x"]},
+                            confirmatory=True)
+    assert read_family_record(protocol.registration_dir, PRIMARY) == again

@@ -30,8 +30,9 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     and H5 depth, the pilot sigmas for gate (c) (frozen: 6.2), every gate's outcome with its
     numbers", what is carried to the
     reading (in-context binding, the power result) and the stated deviations. Written as JSON
-    and Markdown under data/registration/<family>/ (a draft in pilot mode; in confirmatory
-    mode registered only when every gate passes, the power gate included, else refused);
+    and Markdown under data/registration/<family>/ (a draft in pilot mode, which
+    ``fear register`` issues; once issued, confirmatory mode: rewritten only on the same
+    frozen inputs with every gate passed, the power gate included, else refused);
     the confirmatory trial table reads it as an asset input, so a re-registration marks
     the confirmatory design and everything after it stale."""
     family_key = context.partition_key
