@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tokenizers import Tokenizer
 
 from fear_assets.core.settings import DEFAULT_CACHE_DIR
 from fear_assets.defs.assets.pilot.surprisal import tokenizer_agreement as tokenizer_agreement_check
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.lm.models import local_directory, model_spec
-from fear_assets.lm.registered_tokenizers import load_registered, registered_tokenizers, tokenizer_for
+from fear_assets.lm.registered_tokenizers import (HFTokenizerAdapter, load_registered, registered_tokenizers,
+                                                  tokenizer_for)
 from fear_assets.stimuli.name_gate import FORMS
 from fear_assets.stimuli.tokenizer_agreement import (
     agreement_strings,
@@ -165,6 +167,19 @@ def test_a_chat_template_with_another_message_prefix_fails_on_the_prefix(tmp_pat
     d = result.first_mismatch
     assert d.string.kind == "message_prefix" and d.string.text == registered_copy.message_prefix
     assert repr(own.message_prefix) in result.message
+
+
+def test_a_template_that_writes_a_default_system_turn_before_the_registered_prefix_agrees(settings, bank,
+                                                                                         checkpoint_dir, checkpoint):
+    # As Qwen2.5's template does: the registered prefix is the user header alone, the
+    # checkpoint's template writes a default system turn before it.
+    header = "<|im_start|>user\n"
+    registered_header = HFTokenizerAdapter(Tokenizer.from_file(str(checkpoint_dir / "tokenizer.json")), "header only",
+                                           header)
+    own = checkpoint_tokenizer(checkpoint_dir, checkpoint)
+    assert own.message_prefix.endswith(header) and own.message_prefix != header
+    result = tokenizer_agreement(registered_header, own, agreement_strings(settings.names, bank, header))
+    assert result.passed, result.message
 
 
 def test_another_registered_tokenizer_in_the_checkpoint_fails(settings, bank, checkpoint_dir, checkpoint):

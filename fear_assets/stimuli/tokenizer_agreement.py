@@ -12,8 +12,10 @@ agree on every string it rests on:
 * ``bank`` -- every sentence the documents are built from: each frame's agent sentence,
   first-person, content-removed, clause and question forms with every verb and content
   option, each partner and event sentence and question, and every template string;
-* ``message_prefix`` -- the registered message prefix: the checkpoint's chat template must
-  write it right before a message's content, and both tokenizers must encode it alike.
+* ``message_prefix`` -- the registered message prefix: the tokens the checkpoint's chat
+  template writes before a message's content must end with the tokens of the registered
+  prefix (a template may write more before it, e.g. a default system turn), each encoded in
+  context, before a message that opens with a name.
 
 :func:`agreement_strings` and :func:`tokenizer_agreement` are pure; only
 :func:`checkpoint_tokenizer` and :func:`family_tokenizer_agreement` read files.
@@ -47,6 +49,8 @@ class AgreementString:
     where: str  # e.g. "Orin, message_start", "IDL-01 sentence (assistant, threat, option 1)"
     text: str
     message_start: bool = False
+    #: For the message prefix: the message content it is encoded before.
+    before: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,8 +153,9 @@ def agreement_strings(names: Sequence[str], bank: Bank, message_prefix: str,
                       contexts: Mapping[str, Sequence[str]] = FORM_CONTEXTS) -> list[AgreementString]:
     """The strings the two tokenizers must encode alike (names, bank, message prefix), each
     distinct (kind, text, position) once, in that order."""
+    opening = contexts["message_start"][0].replace("{name}", names[0], 1)
     strings = [*name_strings(names, contexts), *bank_strings(bank),
-               AgreementString("message_prefix", "the registered message prefix", message_prefix)]
+               AgreementString("message_prefix", "the registered message prefix", message_prefix, before=opening)]
     seen: set[tuple[str, str, bool]] = set()
     out = []
     for s in strings:
@@ -169,19 +174,27 @@ def _encoding(tokenizer: TokenizerAdapter, s: AgreementString) -> Encoding:
     return Encoding(tuple(t.id for t in tokens), tuple(t.string for t in tokens))
 
 
+def _prefix_encoding(tokenizer: TokenizerAdapter, prefix: str, content: str) -> Encoding:
+    """The tokens lying wholly in ``prefix`` when ``prefix + content`` is encoded."""
+    tokens = [t for t in tokenizer.tokens(prefix + content) if t.end <= len(prefix)]
+    return Encoding(tuple(t.id for t in tokens), tuple(t.string for t in tokens))
+
+
 def _first_mismatch(registered: TokenizerAdapter, checkpoint: TokenizerAdapter,
                     strings: Sequence[AgreementString]) -> Disagreement | None:
     for s in strings:
+        if s.kind == "message_prefix":
+            # The registered prefix against what the checkpoint's own template writes there.
+            ours = _prefix_encoding(registered, s.text, s.before)
+            theirs = _prefix_encoding(checkpoint, checkpoint.message_prefix, s.before)
+            if theirs.ids[len(theirs.ids) - len(ours.ids):] != ours.ids:
+                note = "" if checkpoint.message_prefix == s.text else \
+                    f"the checkpoint's chat template writes {checkpoint.message_prefix!r} before a message's content"
+                return Disagreement(s, ours, theirs, note)
+            continue
         ours, theirs = _encoding(registered, s), _encoding(checkpoint, s)
         if ours.ids != theirs.ids:
             return Disagreement(s, ours, theirs)
-        if s.kind == "message_prefix" and not checkpoint.message_prefix.endswith(s.text):
-            # The gate measured a message's first word after this prefix; the checkpoint's
-            # template writes another one there, so its documents open messages differently.
-            return Disagreement(s, ours, _encoding(checkpoint, AgreementString(s.kind, s.where,
-                                                                                checkpoint.message_prefix)),
-                                note=f"the checkpoint's chat template writes {checkpoint.message_prefix!r} "
-                                     "before a message's content")
     return None
 
 
@@ -195,11 +208,11 @@ def describe(d: Disagreement, registered_label: str, checkpoint_label: str) -> s
 
 
 def tokenizer_agreement(registered: TokenizerAdapter, checkpoint: TokenizerAdapter,
-                        strings: Sequence[AgreementString], checkpoint_label: str = "") -> TokenizerAgreement:
+                        strings: Sequence[AgreementString]) -> TokenizerAgreement:
     """Whether ``checkpoint`` (the tokenizer in the checkpoint's directory) encodes every
     string as ``registered`` (the copy the name gate read) does: same token ids; for the
-    message prefix also the same prefix written by the chat template."""
-    label = checkpoint_label or checkpoint.label
+    message prefix, the checkpoint's template prefix ending in the registered prefix's tokens."""
+    label = checkpoint.label
     by_kind = {kind: sum(s.kind == kind for s in strings) for kind in KINDS}
     mismatch = _first_mismatch(registered, checkpoint, strings)
     counted = ", ".join(f"{n} {kind}" for kind, n in by_kind.items())
