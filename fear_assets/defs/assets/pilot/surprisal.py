@@ -18,6 +18,7 @@ from fear_assets.pilot.surprisal import SurprisalResult, reader_surprisal
 from fear_assets.registration.record import read_family_record
 from fear_assets.registration.record_check import record_match
 from fear_assets.stimuli.name_gate import selected_names
+from fear_assets.stimuli.tokenizer_agreement import family_tokenizer_agreement, tokenizer_agreement_description
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -50,6 +51,15 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
         passed=match.passed,
         severity=dg.AssetCheckSeverity.ERROR if match.frozen else dg.AssetCheckSeverity.WARN,
         description=match.description, metadata={"status": record["status"], "differences": match.differences})
+
+
+@dg.asset_check(asset=model_manifest, blocking=GATES_BLOCK, description=tokenizer_agreement_description())
+def tokenizer_agreement(protocol: ProtocolResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
+    family = str(model_manifest["family"].iloc[0])
+    result = family_tokenizer_agreement(protocol.settings(), family, protocol.bank(), Path(protocol.cache_dir))
+    return dg.AssetCheckResult(passed=result.passed, description=result.description, metadata={
+        "strings compared": int(result.table["strings_compared"].sum()),
+        "per checkpoint": dg.MetadataValue.md(result.table.drop(columns="message").to_markdown(index=False))})
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
