@@ -205,3 +205,29 @@ def test_the_store_defaults_follow_the_site_file_and_an_environment_variable_win
     assert store_module.store_kind() == "duckdb"
     assert store_module.duckdb_path() == str(tmp_path / "env.duckdb")
     assert store_module.parquet_root() == str(tmp_path / "env-parquet")
+
+
+def test_the_model_manifest_materialises_through_dagster_from_the_site_directory(
+        settings, no_env, tmp_path, packaged_dir, moved_copy, embedded_spec):
+    """The definitions' resources read ``$FEAR_ASSETS_SITE``: the stored manifest hashes the
+    site directory's files (equal to the packaged ones) without a conversion in the run's
+    own cache."""
+    import dagster as dg
+    import duckdb
+
+    from fear_assets.core.hashing import sha256_file
+    from fear_assets.defs.definitions import all_assets, all_checks, resources
+    from fear_assets.defs.resources.store import SCHEMA
+
+    path = _site(tmp_path, "site.yaml", f"checkpoints:\n  {embedded_spec.checkpoint}: {moved_copy}\n")
+    no_env.setenv(SITE_ENV, str(path))
+    db, cache = str(tmp_path / "store.duckdb"), tmp_path / "cache"
+    result = dg.materialize([*all_assets, *all_checks], selection=["model_manifest"], partition_key=EMBEDDED,
+                            instance=dg.DagsterInstance.ephemeral(), resources=resources(db, cache_dir=str(cache)))
+    assert result.success
+    with duckdb.connect(db, read_only=True) as con:
+        stored = con.execute(f"select * from {SCHEMA}.model_manifest").df()
+    files = manifest_files(stored, embedded_spec.checkpoint)
+    assert files == {p.name: sha256_file(p) for p in packaged_dir.iterdir()
+                     if p.is_file() and not p.name.startswith(".")}
+    assert not (cache / "models").exists()  # nothing converted: the site's directory was used
