@@ -176,8 +176,9 @@ def test_the_resources_take_the_host_from_the_site_and_refuse_an_unregistered_ch
         no_env, tmp_path, settings, embedded_spec, moved_copy):
     from fear_assets.defs.definitions import resources
 
-    path = _site(tmp_path, "site.yaml", f"device: cpu\ncpu_threads: 2\nengine: {{pack_tokens: 2048, generation_batch: 8}}\n"
-                                        f"checkpoints:\n  {embedded_spec.checkpoint}: {moved_copy}\n")
+    text = ("device: cpu\ncpu_threads: 2\nengine: {pack_tokens: 2048, generation_batch: 8}\n"
+            f"checkpoints:\n  {embedded_spec.checkpoint}: {moved_copy}\n")
+    path = _site(tmp_path, "site.yaml", text)
     no_env.setenv(SITE_ENV, str(path))
     language_model = resources(str(tmp_path / "store.duckdb"))["language_model"]
     assert (language_model.device, language_model.cpu_threads, language_model.pack_tokens,
