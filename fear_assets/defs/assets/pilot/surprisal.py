@@ -23,12 +23,15 @@ from fear_assets.stimuli.tokenizer_agreement import family_tokenizer_agreement, 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "python"})
-def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                   language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
     """The model manifest of one configuration (protocol 4.1, Appendix B): per role (tested,
     base, scorer, judge) the checkpoint, dtype, context window, attention implementation,
     the sha256 of every weight, config and tokenizer file, and the library versions. Weights
-    are never downloaded: a missing model fails with what to place where."""
-    result = model_manifest_step(registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir))
+    are never downloaded: a missing model fails with what to place where. The directories are
+    the ones the models load from (the site configuration's ``checkpoints``)."""
+    result = model_manifest_step(registered(protocol.settings(), context.partition_key), Path(protocol.cache_dir),
+                                 language_model.directories(), language_model.site_path())
     return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata={
         "manifest_sha256": result.digest, "checkpoints": dg.MetadataValue.md(result.shown.to_markdown(index=False)),
         "stand-in": protocol.settings().family(context.partition_key).stand_in or "none",
