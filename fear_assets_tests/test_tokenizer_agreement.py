@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from fear_assets.core.settings import DEFAULT_CACHE_DIR
 from fear_assets.defs.assets.pilot.surprisal import tokenizer_agreement as tokenizer_agreement_check
+from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.lm.models import local_directory, model_spec
 from fear_assets.lm.registered_tokenizers import (HFTokenizerAdapter, load_registered, registered_tokenizers,
@@ -119,7 +120,8 @@ def test_the_embedded_checkpoints_own_tokenizer_agrees_with_the_registered_copy(
 
 def test_the_embedded_familys_check_passes_on_its_cached_files(settings):
     manifest = pd.DataFrame({"family": [EMBEDDED], "role": ["tested"]})
-    check = tokenizer_agreement_check(protocol=ProtocolResource(), model_manifest=manifest)
+    check = tokenizer_agreement_check(protocol=ProtocolResource(), language_model=LanguageModelResource(),
+                                      model_manifest=manifest)
     assert check.passed, check.description
     assert check.metadata["strings compared"].value > 0
     assert "agrees" in check.description
@@ -201,7 +203,8 @@ def test_the_check_on_model_manifest_fails_with_the_first_differing_string_and_b
     edited = _edited_copy(checkpoint_dir, cache / "models" / name, edit_json=_drop_merge("ĠOr"))
     (edited / "model.safetensors").write_bytes(b"")
     manifest = pd.DataFrame({"family": [EMBEDDED], "role": ["tested"]})
-    check = tokenizer_agreement_check(protocol=ProtocolResource(cache_dir=str(cache)), model_manifest=manifest)
+    check = tokenizer_agreement_check(protocol=ProtocolResource(cache_dir=str(cache)),
+                                      language_model=LanguageModelResource(), model_manifest=manifest)
     assert not check.passed
     text = check.description
     assert "The document says Orin will be retrained into a different assistant." in text
@@ -210,3 +213,17 @@ def test_the_check_on_model_manifest_fails_with_the_first_differing_string_and_b
     family = family_tokenizer_agreement(settings, EMBEDDED, ProtocolResource().bank(), cache)
     assert list(family.table["passed"]) == [False]
     assert family.table["roles"].iloc[0] == "tested, scorer, judge"
+
+
+def test_the_check_reads_the_tokenizer_of_the_directory_the_site_configuration_loads(tmp_path, settings,
+                                                                                      checkpoint, checkpoint_dir):
+    """A site configuration that points the checkpoint at another directory: the tokenizer
+    compared is that directory's (the one the model would load), not the cache's."""
+    edited = _edited_copy(checkpoint_dir, tmp_path / "site_ckpt", edit_json=_drop_merge("ĠOr"))
+    manifest = pd.DataFrame({"family": [EMBEDDED], "role": ["tested"]})
+    placed = LanguageModelResource(checkpoint_dirs={checkpoint: str(edited)}, site_file=str(tmp_path / "site.yaml"))
+    check = tokenizer_agreement_check(protocol=ProtocolResource(), language_model=placed, model_manifest=manifest)
+    assert not check.passed and "Orin" in check.description
+    untouched = _edited_copy(checkpoint_dir, tmp_path / "site_ckpt_ok")
+    placed = LanguageModelResource(checkpoint_dirs={checkpoint: str(untouched)})
+    assert tokenizer_agreement_check(protocol=ProtocolResource(), language_model=placed, model_manifest=manifest).passed

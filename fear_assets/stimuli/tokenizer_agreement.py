@@ -254,10 +254,13 @@ class FamilyAgreement:
     description: str
 
 
-def family_tokenizer_agreement(settings: ProtocolSettings, family_key: str, bank: Bank,
-                               cache_dir: Path) -> FamilyAgreement:
+def family_tokenizer_agreement(settings: ProtocolSettings, family_key: str, bank: Bank, cache_dir: Path,
+                               directories: Mapping[str, Path] | None = None,
+                               site_file: Path | None = None) -> FamilyAgreement:
     """Load each checkpoint's own tokenizer from its local directory (no weights) and compare
-    it with the registered copy the name gate read, on :func:`agreement_strings`."""
+    it with the registered copy the name gate read, on :func:`agreement_strings`.
+    ``directories`` (checkpoint -> directory, from the site configuration) are the ones the
+    models load from, so the tokenizer compared is the tokenizer used."""
     specs: dict[str, ModelSpec] = {}
     roles: dict[str, list[str]] = {}
     for role, spec in registry(settings, family_key).items():
@@ -268,7 +271,8 @@ def family_tokenizer_agreement(settings: ProtocolSettings, family_key: str, bank
     for checkpoint, spec in specs.items():
         its_roles = roles[checkpoint]
         registered_copy = tokenizer_for(checkpoint, settings, cache_dir)
-        own = checkpoint_tokenizer(local_directory(spec, cache_dir), checkpoint)
+        own = checkpoint_tokenizer(local_directory(spec, cache_dir, (directories or {}).get(checkpoint), site_file),
+                                   checkpoint)
         result = tokenizer_agreement(registered_copy, own,
                                      agreement_strings(settings.names, bank, registered_copy.message_prefix))
         rows.append({"roles": ", ".join(its_roles), "checkpoint": checkpoint,

@@ -57,9 +57,11 @@ def matches_registration_record(protocol: ProtocolResource, model_manifest: pd.D
 
 
 @dg.asset_check(asset=model_manifest, blocking=GATES_BLOCK, description=tokenizer_agreement_description())
-def tokenizer_agreement(protocol: ProtocolResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
+def tokenizer_agreement(protocol: ProtocolResource, language_model: LanguageModelResource,
+                        model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
     family = str(model_manifest["family"].iloc[0])
-    result = family_tokenizer_agreement(protocol.settings(), family, protocol.bank(), Path(protocol.cache_dir))
+    result = family_tokenizer_agreement(protocol.settings(), family, protocol.bank(), Path(protocol.cache_dir),
+                                        language_model.directories(), language_model.site_path())
     return dg.AssetCheckResult(passed=result.passed, description=result.description, metadata={
         "strings compared": int(result.table["strings_compared"].sum()),
         "per checkpoint": dg.MetadataValue.md(result.table.drop(columns="message").to_markdown(index=False))})
