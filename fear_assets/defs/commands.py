@@ -150,13 +150,23 @@ def _materialised(instance, asset_key: dg.AssetKey, expected: list) -> int:
     return sum(str(k) in done for k in expected)
 
 
+def _evaluated_partition(instance, record) -> str | None:
+    """The partition a check evaluation ran on: Dagster records it on the evaluation only
+    sometimes, and always as the run's partition tag."""
+    if record.partition is not None:
+        return record.partition
+    run = instance.get_run_by_id(record.run_id)
+    return run.tags.get("dagster/partition") if run is not None else None
+
+
 def _check_state(instance, spec, expected: list, description: str) -> CheckState:
     wanted = {_key_str(k) for k in expected}
     latest: dict = {}
     history = instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1000, status=COMPLETED)
     for record in sorted(history, key=lambda r: -r.id):  # newest first: the latest evaluation per partition
-        if record.partition in wanted and record.partition not in latest and record.event is not None:
-            latest[record.partition] = record.event.dagster_event.event_specific_data
+        partition = _evaluated_partition(instance, record)
+        if partition in wanted and partition not in latest and record.event is not None:
+            latest[partition] = record.event.dagster_event.event_specific_data
     failed = [e for e in latest.values() if not e.passed]
     if failed:
         state = "failed"
