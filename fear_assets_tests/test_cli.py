@@ -252,3 +252,37 @@ def test_register_refuses_a_missing_supplementary_note(home, tmp_path):
                  str(tmp_path / "missing.pdf"))
     assert done.returncode == 1
     assert "missing.pdf" in done.stderr and "Fix" in done.stderr
+
+
+def test_site_is_set_before_the_commands_import_the_definitions(home, tmp_path, monkeypatch):
+    """``--site`` becomes ``$FEAR_ASSETS_SITE`` of the process that imports the definitions."""
+    site = tmp_path / "site.yaml"
+    site.write_text("pools: {gpu: 2}\n", encoding="utf-8")
+    execs = []
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: execs.append((path, argv, env)))
+    monkeypatch.chdir(tmp_path)
+    cli.main(["--site", "site.yaml", "run", EMBEDDED, "--through", "pilot"])
+    (path, argv, env), = execs
+    assert argv == [sys.executable, "-m", "fear_assets.defs.commands", "--site", "site.yaml", "run", EMBEDDED,
+                    "--through", "pilot"]
+    assert env[SITE_ENV] == str(site.resolve()) and env["DAGSTER_HOME"] == str(home)
+
+
+def test_the_run_help_lists_the_protocols_stages():
+    run_help = next(a for a in cli.parser()._subparsers._group_actions[0].choices["run"]._actions
+                    if a.dest == "through").help
+    assert ", ".join(STAGE_NAMES) in run_help
+
+
+def test_ui_applies_the_sites_pools_and_starts_dagster_dev_on_the_workspace(home, tmp_path, monkeypatch, capsys):
+    site = tmp_path / "site.yaml"
+    site.write_text("pools: {gpu: 4, duckdb: 1}\n", encoding="utf-8")
+    monkeypatch.setenv(SITE_ENV, str(site))
+    execs = []
+    monkeypatch.setattr(commands.os, "execv", lambda path, argv: execs.append(argv))
+    monkeypatch.chdir(tmp_path)
+    commands.ui(Namespace(port=3001, host=None))
+    argv, = execs
+    assert argv[1:] == ["dev", "-w", str(ROOT / "workspace.yaml"), "--port", "3001"]
+    assert Path(argv[0]).name == "dagster"
+    assert dg.DagsterInstance.get().event_log_storage.get_concurrency_info("gpu").slot_count == 4
