@@ -286,3 +286,20 @@ def test_ui_applies_the_sites_pools_and_starts_dagster_dev_on_the_workspace(home
     assert argv[1:] == ["dev", "-w", str(ROOT / "workspace.yaml"), "--port", "3001"]
     assert Path(argv[0]).name == "dagster"
     assert dg.DagsterInstance.get().event_log_storage.get_concurrency_info("gpu").slot_count == 4
+
+
+def test_run_stops_at_the_failed_freeze_gate_and_says_what_to_do(home, tmp_path, monkeypatch):
+    """Registered settings edited after the freeze: the freeze gate blocks every family, so ``fear
+    run`` stops there, naming the gate, its meaning, its result and ``fear status``."""
+    edited = tmp_path / "protocol_settings.yaml"
+    text = (ROOT / "data" / "protocol_settings.yaml").read_text(encoding="utf-8")
+    assert "version: stage-1-2026-10-14" in text
+    edited.write_text(text.replace("version: stage-1-2026-10-14", "version: stage-1-edited", 1), encoding="utf-8")
+    monkeypatch.setenv("FEAR_ASSETS_SETTINGS", str(edited))
+    done = _fear("run", EMBEDDED, "--through", "stimuli")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "[stimuli] frame_bank" in out and "[stimuli] name_gate" not in out  # nothing after the gate
+    assert "STOPPED at the blocking gate bank_freeze" in out
+    assert "the gate: D6 freeze gate" in out and "its result:" in out and "what to do:" in out
+    assert f"fear status {EMBEDDED}" in out

@@ -67,13 +67,14 @@ def check_descriptions(defs) -> dict[str, str]:
 
 
 def print_stop(stop: main_job.Stop, family: str, descriptions: dict[str, str]) -> None:
+    where = stop.step if stop.partition is None else f"{stop.step} {stop.partition}"
     if stop.check is None:
-        print(f"\nSTOPPED: a step failed in stage {stop.stage}: {stop.step} {stop.partition}")
+        print(f"\nSTOPPED: a step failed in stage {stop.stage}: {where}")
         print(f"  error: {stop.message}")
         print(f"  what to do: fix the error above, then rerun `fear run {family} --through {stop.stage}` "
               "(finished partitions and chunks are kept)")
     else:
-        print(f"\nSTOPPED at the blocking gate {stop.check} (stage {stop.stage}: {stop.step} {stop.partition}); "
+        print(f"\nSTOPPED at the blocking gate {stop.check} (stage {stop.stage}: {where}); "
               "nothing downstream of it runs.")
         print(f"  the gate: {descriptions.get(stop.check, '')}")
         print(f"  its result: {stop.message}")

@@ -50,6 +50,8 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 #: Run tags naming the process that executes a run in process: ``fear status`` tells a run
 #: whose process is gone (killed, host rebooted) from one still working.
 PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
+#: The error Dagster fails a step with when one of its blocking checks fails.
+CHECK_FAILED = "DagsterAssetCheckFailedError"
 
 
 @dataclass(frozen=True)
@@ -140,17 +142,20 @@ def run_stages(defs, instance, settings, family: str, stages) -> Stop | None:
             result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
                                             raise_on_error=False, run_config=QUIET, tags=tags)
             failures = [e for e in result.all_events if e.is_step_failure]
-            if failures:  # a real failure, not a failed gate (which only skips what it blocks)
+            # a failed blocking check also fails its step; that is the gate's stop, reported below
+            gate_failures = [e for e in failures if e.event_specific_data.error.cls_name == CHECK_FAILED]
+            if len(failures) > len(gate_failures):  # a real failure, not a failed gate
                 return Stop(step.stage, names, key, None,
-                            failures[0].event_specific_data.error.message)
+                            next(e for e in failures if e not in gate_failures).event_specific_data.error.message)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
             print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
                   + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
             for e in failed:
                 print(f"    {e.check_name}: {e.description}")
-            blocking = [e for e in failed if e.check_name == "bank_freeze"] or [
-                e for e in failed if family_is_confirmatory(settings, family) and e.severity == dg.AssetCheckSeverity.ERROR]
+            errors = [e for e in failed if e.severity == dg.AssetCheckSeverity.ERROR]
+            blocking = [e for e in failed if e.check_name == "bank_freeze"] or (
+                errors if gate_failures or family_is_confirmatory(settings, family) else [])
             if blocking:
                 return Stop(step.stage, names, key, blocking[0].check_name, blocking[0].description or "",
                             _what_to_do(blocking[0]))
