@@ -45,6 +45,7 @@ def test_definitions_load_and_checks_are_blocking():
 
     defs.resolve_all_job_defs()
     gates = {"five_single_token_names", "matches_registration_record", "controls_at_chance", "pilot_probe_rules",
+             "tokenizer_agreement",  # 4.2's tokenizer agreement on model_manifest
              "h4_converged", "pilot_controls_at_chance", "matching_gate", "zero_preference_gate", "binding_gate", "scorer_agreement",
              "positive_controls_pass", "registration_gates", "posteriors_converged",
              "power_targets_met"}  # 6.3's power gate (issue 11)

@@ -15,6 +15,7 @@ import dagster as dg
 # Partition mappings and data versions are Dagster beta APIs we rely on deliberately.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
+from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
 from fear_assets.defs.resources import ProtocolResource, store_io_manager
 from fear_assets.defs.resources.models import LanguageModelResource
@@ -71,11 +72,18 @@ def stage_jobs() -> list:
     return jobs
 
 
-def resources(duckdb_path: str | None = None, **protocol_paths: str) -> dict:
+def resources(duckdb_path: str | None = None, *, site: SiteConfig | None = None, **protocol_paths: str) -> dict:
+    """The resources on this host: the store, the registered inputs, and the language model
+    with the site configuration's device, threads, checkpoint directories and engine knobs
+    (``site``, default ``$FEAR_ASSETS_SITE``; none: the defaults, which the demo uses)."""
     cache = {"cache_dir": protocol_paths["cache_dir"]} if "cache_dir" in protocol_paths else {}
-    # The IO manager is the only switch between stores: $FEAR_ASSETS_STORE (default: the DuckDB file).
-    return {"io_manager": store_io_manager(duckdb_path), "protocol": ProtocolResource(**protocol_paths),
-            "language_model": LanguageModelResource(**cache)}
+    protocol = ProtocolResource(**protocol_paths)
+    # A checkpoint name the settings do not register is a typo in the site file: refused here.
+    site = site if site is not None else load_site(registered_checkpoints=protocol.settings().models)
+    # The IO manager is the only switch between stores: $FEAR_ASSETS_STORE, else the site's store
+    # (default: the DuckDB file).
+    return {"io_manager": store_io_manager(duckdb_path, site=site), "protocol": protocol,
+            "language_model": LanguageModelResource.from_site(site, **cache)}
 
 
 def build_definitions(duckdb_path: str | None = None, **protocol_paths: str) -> dg.Definitions:

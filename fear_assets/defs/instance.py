@@ -18,6 +18,8 @@ from dagster._core.storage.local_compute_log_manager import LocalComputeLogManag
 from dagster._core.storage.root import LocalArtifactStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
 
+from fear_assets.core.site import SiteConfig
+
 
 class DagsterHomeError(ValueError):
     """A relative instance path with no ``$DAGSTER_HOME`` to anchor it."""
@@ -57,3 +59,11 @@ class ProjectComputeLogManager(LocalComputeLogManager):
     @classmethod
     def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
         return cls(inst_data=inst_data, **{**config_value, "base_dir": under_dagster_home(config_value["base_dir"])})
+
+
+def apply_pools(instance, site: SiteConfig) -> dict[str, int]:
+    """Set the instance's slots of every pool the site configuration names (a four-GPU host:
+    ``pools: {gpu: 4}``); pools it does not name keep dagster.yaml's default limit."""
+    for pool, slots in site.pools.items():
+        instance.event_log_storage.set_concurrency_slots(pool, slots)
+    return dict(site.pools)

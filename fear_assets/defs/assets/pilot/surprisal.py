@@ -17,16 +17,20 @@ from fear_assets.pilot.surprisal import SurprisalResult, reader_surprisal
 from fear_assets.registration.record import read_family_record
 from fear_assets.registration.record_check import record_match
 from fear_assets.stimuli.name_gate import selected_names
+from fear_assets.stimuli.tokenizer_agreement import family_tokenizer_agreement, tokenizer_agreement_description
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
           kinds={"duckdb", "python"})
-def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> dg.Output[pd.DataFrame]:
+def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                   language_model: LanguageModelResource) -> dg.Output[pd.DataFrame]:
     """The model manifest of one configuration (protocol 4.1, Appendix B): per role (tested,
     base, scorer, judge) the checkpoint, dtype, context window, attention implementation,
     the sha256 of every weight, config and tokenizer file, and the library versions. Weights
-    are never downloaded: a missing model fails with what to place where."""
-    result = model_manifest_step(protocol.view(context.partition_key), Path(protocol.cache_dir))
+    are never downloaded: a missing model fails with what to place where. The directories are
+    the ones the models load from (the site configuration's ``checkpoints``)."""
+    result = model_manifest_step(protocol.view(context.partition_key), Path(protocol.cache_dir),
+                                 language_model.directories(), language_model.site_path())
     return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata={
         "manifest_sha256": result.digest, "checkpoints": dg.MetadataValue.md(result.shown.to_markdown(index=False)),
         "stand-in": protocol.settings().family(context.partition_key).stand_in or "none",
@@ -50,6 +54,18 @@ def matches_registration_record(context: dg.AssetCheckExecutionContext, protocol
         passed=match.passed,
         severity=gate_severity(protocol, context, model_manifest, stops=match.frozen),
         description=match.description, metadata={"status": record["status"], "differences": match.differences})
+
+
+@dg.asset_check(asset=model_manifest, blocking=True, description=GATE_DESCRIPTION + tokenizer_agreement_description())
+def tokenizer_agreement(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource,
+                        language_model: LanguageModelResource, model_manifest: pd.DataFrame) -> dg.AssetCheckResult:
+    family = str(model_manifest["family"].iloc[0])
+    result = family_tokenizer_agreement(protocol.settings(), family, protocol.bank(), Path(protocol.cache_dir),
+                                        language_model.directories(), language_model.site_path())
+    return dg.AssetCheckResult(passed=result.passed, description=result.description,
+                               severity=gate_severity(protocol, context, model_manifest), metadata={
+        "strings compared": int(result.table["strings_compared"].sum()),
+        "per checkpoint": dg.MetadataValue.md(result.table.drop(columns="message").to_markdown(index=False))})
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
