@@ -156,3 +156,24 @@ def test_the_partitions_and_the_resource_read_the_same_file(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, SETTINGS_ENV: str(copy)}).stdout.split()
     assert out == [str(copy), "20261015", str(copy)]
+
+
+def test_the_hashed_settings_hold_no_host_or_mode_content():
+    """The freeze check compares registered content only: the hashed settings hold no mode
+    (a family's record says it) and no host content (no absolute or home path, no device),
+    so a host or a registration never changes the settings hash."""
+    settings = load_settings(REGISTERED_SETTINGS_PATH)
+    assert "mode" not in settings.raw["protocol"]
+
+    def walk(value, where):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                assert str(key) not in ("mode", "device", "cache_dir", "local_dir"), f"{where}.{key}"
+                walk(inner, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, inner in enumerate(value):
+                walk(inner, f"{where}[{i}]")
+        elif isinstance(value, str):
+            assert not value.startswith(("/", "~", "./", "../")) and ":\\" not in value, f"{where}: {value!r}"
+
+    walk(settings.raw, "<top>")
