@@ -288,6 +288,33 @@ def test_ui_applies_the_sites_pools_and_starts_dagster_dev_on_the_workspace(home
     assert dg.DagsterInstance.get().event_log_storage.get_concurrency_info("gpu").slot_count == 4
 
 
+def test_a_second_run_keeps_what_the_first_finished_from_the_same_inputs_and_rerun_redoes_it(home, tmp_path):
+    """Resuming: partitions an earlier run built from the same code, settings and bank are kept
+    (no new run), ``--rerun`` materialises them again, and other inputs are never kept."""
+    assert _fear("run", EMBEDDED, "--through", "stimuli").returncode == 0
+    instance = dg.DagsterInstance.get()
+    first = {r.run_id for r in instance.get_runs(dg.RunsFilter(tags={main_job.FAMILY_TAG: EMBEDDED}))}
+    again = _fear("run", EMBEDDED, "--through", "stimuli")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    kept = [line for line in again.stdout.splitlines() if "kept (finished in an earlier run)" in line]
+    assert any("[stimuli] frame_bank" in line for line in kept) and any("name_gate" in line for line in kept)
+    assert {r.run_id for r in instance.get_runs(dg.RunsFilter(tags={main_job.FAMILY_TAG: EMBEDDED}))} == first
+    redone = _fear("run", EMBEDDED, "--through", "stimuli", "--rerun")
+    assert redone.returncode == 0 and "kept (" not in redone.stdout
+    after = {r.run_id for r in instance.get_runs(dg.RunsFilter(tags={main_job.FAMILY_TAG: EMBEDDED}))}
+    assert len(after - first) == 2
+    # a run tagged with other inputs (an older code hash) is not kept: the step runs again
+    runs = instance.get_runs(dg.RunsFilter(tags={main_job.FAMILY_TAG: EMBEDDED}))
+    assert all(r.tags[main_job.CODE_TAG] == runs[0].tags[main_job.CODE_TAG] for r in runs)
+    defs = main_job.build_definitions(str(tmp_path / "store.duckdb"))
+    other = {**main_job.inputs_tags(main_job.ProtocolResource()), main_job.CODE_TAG: "0" * 64}
+    kept_fn = main_job.kept_partitions(defs, instance, EMBEDDED, other)
+    step = main_job.plan(defs, ("stimuli",))[0]
+    assert kept_fn(step, None) is False
+    same = main_job.kept_partitions(defs, instance, EMBEDDED, main_job.inputs_tags(main_job.ProtocolResource()))
+    assert same(step, None) is True
+
+
 def test_run_stops_at_the_failed_freeze_gate_and_says_what_to_do(home, tmp_path, monkeypatch):
     """Registered settings edited after the freeze: the freeze gate blocks every family, so ``fear
     run`` stops there, naming the gate, its meaning, its result and ``fear status``."""

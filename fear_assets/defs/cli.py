@@ -42,9 +42,13 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a family's stages in order, stopping at the first failed blocking gate",
                          description="Materialise FAMILY's stages in the protocol's order through the project's "
                                      "instance (the runs show in the UI). Stops at the first failed step or failed "
-                                     "blocking gate and says what to do. Finished partitions and chunks are kept: "
-                                     "rerunning resumes.")
+                                     "blocking gate and says what to do. Rerunning resumes: partitions an earlier run "
+                                     "finished from the same code, settings and bank are kept (until a step reruns), "
+                                     "and a scoring step reuses its finished chunks.")
     run.add_argument("family", metavar="FAMILY", help="a registered family (data/protocol_settings.yaml, families)")
+    run.add_argument("--rerun", action="store_true",
+                     help="materialise every partition again (default: keep the partitions an earlier run built "
+                          "from the same code, settings and bank)")
     run.add_argument("--through", metavar="STAGE",
                      help="the last stage to run (default: every stage; stimuli, pilot, registration, collection, "
                           "probes, analysis, reading)")

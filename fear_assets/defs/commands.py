@@ -24,7 +24,6 @@ if __name__ == "__main__":  # before the imports below, whose warnings it captur
     capture_warnings()
 
 import dagster as dg  # noqa: E402 (after the warning capture above)
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus  # noqa: E402
 
 from fear_assets.core.errors import FearAssetsError  # noqa: E402
 from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
@@ -42,7 +41,6 @@ IN_PROGRESS = (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.Dag
 #: A run in progress with no event for this long is listed as possibly orphaned: every model
 #: step logs its progress (``defs.progress``) far more often than this.
 STALE_S = 3600.0
-COMPLETED = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
 
 
 def usage_error(message: str) -> int:
@@ -98,7 +96,9 @@ def run(args) -> int:
           f"{' -> '.join(stages)}")
     print(f"  instance {os.environ['DAGSTER_HOME']}; store {db}; site {site.path or 'defaults'}"
           + (f"; pools {pools}" if pools else "") + f"; library warnings: {log_path}")
-    stop = main_job.run_stages(defs, instance, settings, args.family, stages)
+    inputs = main_job.inputs_tags(ProtocolResource())
+    kept = None if args.rerun else main_job.kept_partitions(defs, instance, args.family, inputs)
+    stop = main_job.run_stages(defs, instance, settings, args.family, stages, kept=kept, tags=inputs)
     if stop is not None:
         print_stop(stop, args.family, check_descriptions(defs))
         return 1 if stop.check is None else 2
@@ -151,21 +151,12 @@ def _materialised(instance, asset_key: dg.AssetKey, expected: list) -> int:
     return sum(str(k) in done for k in expected)
 
 
-def _evaluated_partition(instance, record) -> str | None:
-    """The partition a check evaluation ran on: Dagster records it on the evaluation only
-    sometimes, and always as the run's partition tag."""
-    if record.partition is not None:
-        return record.partition
-    run = instance.get_run_by_id(record.run_id)
-    return run.tags.get("dagster/partition") if run is not None else None
-
-
 def _check_state(instance, spec, expected: list, description: str) -> CheckState:
     wanted = {_key_str(k) for k in expected}
     latest: dict = {}
-    history = instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1000, status=COMPLETED)
+    history = instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1000, status=main_job.COMPLETED)
     for record in sorted(history, key=lambda r: -r.id):  # newest first: the latest evaluation per partition
-        partition = _evaluated_partition(instance, record)
+        partition = main_job.evaluated_partition(instance, record)
         if partition in wanted and partition not in latest and record.event is not None:
             latest[partition] = record.event.dagster_event.event_specific_data
     failed = [e for e in latest.values() if not e.passed]

@@ -37,6 +37,7 @@ if __name__ == "__main__":  # before the imports below: --help answers at once, 
     capture_warnings()
 
 import dagster as dg  # noqa: E402 (after the warning capture above)
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus  # noqa: E402
 
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
@@ -44,6 +45,7 @@ from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
 from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
 from fear_assets.registration.issue import CONFIRMATORY, family_mode  # noqa: E402
+from fear_assets.registration.record import analysis_code_sha256  # noqa: E402
 
 #: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
 #: everything is still in the instance's event log and the UI.
@@ -51,6 +53,9 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 #: Run tags naming the process that executes a run in process: ``fear status`` tells a run
 #: whose process is gone (killed, host rebooted) from one still working.
 PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
+#: The registered inputs a run was built from (``inputs_tags``).
+CODE_TAG, SETTINGS_TAG, BANK_TAG = "fear/code_sha256", "fear/settings_sha256", "fear/bank_sha256"
+COMPLETED = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
 #: The error Dagster fails a step with when one of its blocking checks fails.
 CHECK_FAILED = "DagsterAssetCheckFailedError"
 
@@ -132,16 +137,86 @@ def _what_to_do(evaluation) -> str:
     return str(value.value) if value is not None else ""
 
 
-def run_stages(defs, instance, settings, family: str, stages) -> Stop | None:
+def inputs_tags(protocol: ProtocolResource) -> dict[str, str]:
+    """The registered inputs a run is built from, as run tags: a later ``fear run`` keeps a
+    partition only if it was built from the same code, settings and bank."""
+    return {CODE_TAG: analysis_code_sha256(), SETTINGS_TAG: protocol.settings().sha256, BANK_TAG: protocol.bank().sha256}
+
+
+def evaluated_partition(instance, record) -> str | None:
+    """The partition a check evaluation ran on: Dagster records it on the evaluation only
+    sometimes, and always as the run's partition tag."""
+    if record.partition is not None:
+        return record.partition
+    run = instance.get_run_by_id(record.run_id)
+    return run.tags.get("dagster/partition") if run is not None else None
+
+
+def latest_evaluation(instance, check_key, partition: str | None):
+    """The newest completed evaluation of ``check_key`` on ``partition`` (None: never run)."""
+    history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=1000, status=COMPLETED)
+    for record in sorted(history, key=lambda r: -r.id):
+        if evaluated_partition(instance, record) == partition and record.event is not None:
+            return record.event.dagster_event.event_specific_data
+    return None
+
+
+def kept_partitions(defs, instance, family: str, inputs: dict[str, str]):
+    """``fear run``'s ``kept``: a step's partition is kept when every one of its assets was
+    materialised there by a run built from the same inputs (``inputs_tags``); a gate that
+    failed there and blocks (the freeze gate; any ERROR gate of a confirmatory family) stops."""
+    specs: dict = {}
+    for d in (*defs.assets, *defs.asset_checks):
+        for spec in d.check_specs:
+            specs.setdefault(spec.key.asset_key, []).append(spec)
+    confirmatory = family_is_confirmatory(family)
+
+    def built_from_inputs(asset_key, key) -> bool:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=None if key is None else [str(key)]),
+            limit=1).records
+        run = instance.get_run_by_id(records[0].run_id) if records else None
+        return run is not None and all(run.tags.get(k) == v for k, v in inputs.items())
+
+    def kept(step, key):
+        if not all(built_from_inputs(k, key) for k in step.keys):
+            return False
+        for asset_key in step.keys:
+            for spec in specs.get(asset_key, []):
+                e = latest_evaluation(instance, spec.key, None if key is None else str(key))
+                if e is not None and not e.passed and (
+                        spec.key.name == "bank_freeze" or confirmatory and e.severity == dg.AssetCheckSeverity.ERROR):
+                    return Stop(step.stage, ", ".join(k.to_user_string() for k in step.keys), key, spec.key.name,
+                                f"(failed in an earlier run) {e.description or ''}", _what_to_do(e))
+        return True
+    return kept
+
+
+def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=None) -> Stop | None:
     """Each step of ``stages`` for ``family``, in the protocol's order, through ``instance``;
     prints one line per step and partition. Returns the first failed step or failed blocking
-    gate (the freeze gate always; any ERROR-severity gate of a confirmatory family), else None."""
+    gate (the freeze gate always; any ERROR-severity gate of a confirmatory family), else None.
+
+    ``kept(step, key)`` (``fear run``; the demo runs everything): True keeps a partition that
+    an earlier run finished, a :class:`Stop` stops at a gate that failed there earlier (a check
+    blocks only inside its own run). It is asked only until a step has run: what follows a
+    rerun step is rerun, since its inputs changed."""
     partition_keys = family_partition_keys(settings, family)
-    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family}
+    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family, **(tags or {})}
+    resuming = kept is not None
     for step in plan(defs, stages):
         job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
         names = ", ".join(k.to_user_string() for k in step.keys)
+        ran = False
         for key in partition_keys[step.partitioning]:
+            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
+            earlier = kept(step, key) if resuming else None
+            if isinstance(earlier, Stop):
+                return earlier
+            if earlier:
+                print(f"  {label[:90]:<90} kept (finished in an earlier run)")
+                continue
+            ran = True
             t = time.perf_counter()
             result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
                                             raise_on_error=False, run_config=QUIET, tags=tags)
@@ -152,7 +227,6 @@ def run_stages(defs, instance, settings, family: str, stages) -> Stop | None:
                 return Stop(step.stage, names, key, None,
                             next(e for e in failures if e not in gate_failures).event_specific_data.error.message)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
-            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
             print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
                   + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))
             for e in failed:
@@ -163,6 +237,7 @@ def run_stages(defs, instance, settings, family: str, stages) -> Stop | None:
             if blocking:
                 return Stop(step.stage, names, key, blocking[0].check_name, blocking[0].description or "",
                             _what_to_do(blocking[0]))
+        resuming = resuming and not ran
     return None
 
 
@@ -200,7 +275,7 @@ def run(duckdb_path: str | None = None) -> int:
         print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "
               "analysis reads the pilot's scores (descriptive) and costs no second round of scoring.")
     print(f"  stages: {' -> '.join(STAGE_NAMES)}; library warnings: {log_path}")
-    stop = run_stages(defs, instance, settings, family, STAGE_NAMES)
+    stop = run_stages(defs, instance, settings, family, STAGE_NAMES, tags=inputs_tags(ProtocolResource()))
     if stop is not None and stop.check is None:
         raise SystemExit(f"step failed in {stop.step} {stop.partition}: {stop.message}")
     if stop is not None and stop.check == "bank_freeze":
