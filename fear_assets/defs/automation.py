@@ -1,0 +1,143 @@
+"""What runs without a hand: the daemon's stage-to-stage automation and the model steps' retries.
+
+Both come from the site configuration (``core.site``: ``$FEAR_ASSETS_SITE``, read once when the
+definitions load, like the settings), never from the registered settings: how a host schedules
+and retries its steps decides no document, score, gate or reading.
+
+Automation (``automation: true``; off by default, so the demo and the tests see today's
+definitions). Every asset of an automated stage gets one declarative condition: a family x
+partition is materialised when its upstream partitions are fresh (newly updated, none missing
+or in progress: ``AutomationCondition.eager()``) and every blocking check of its inputs passed
+(``all_deps_blocking_checks_passed()``), once the family's own stimuli exist (its ``name_gate``
+partition): the shared frame bank alone moves no family, so a lab starts a family by
+materialising that family's stimuli, and the daemon (``dagster dev`` / ``fear ui`` starts it)
+carries it on. The pilot's one asset with no upstream asset, ``model_manifest``, takes the
+family's stimuli as its trigger (it hashes the checkpoint files the pilot loads next).
+
+Which stages are automated (``AUTOMATED_STAGES``): the pilot only.
+- The power simulation is not: its family x batch rectangle holds every family's batch keys,
+  of which a family runs only its own (``partitions.power_partition_keys``); an eager condition
+  would request every batch key for every family and its summary would wait on batches that
+  are never run. No built-in condition selects a family's own keys, so ``fear run FAMILY
+  --through registration`` launches it.
+- The registration record is therefore not automated either (its power input comes from that
+  launch); issuing it is the deliberate human act ``fear register``.
+- Collection and everything after registration are not: they should follow on their own only
+  for a family whose record is issued, and a family's mode is a file under
+  ``data/registration/``, not Dagster state that a built-in condition can read. Those stages are
+  launched by ``fear run`` after ``fear register``.
+
+Retries: every model step (pool "gpu") carries ``MODEL_RETRY`` (``retries`` from the site,
+exponential backoff with jitter); scoring resumes from its finished chunks, so a retry costs
+only the unfinished chunk. ``model_step`` turns the project's own errors
+(``core.errors.FearAssetsError``: a malformed input, a missing checkpoint, a manifest that
+differs) into a ``dg.Failure`` that is not retried: the same input fails the same way again.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+
+import dagster as dg
+
+from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.site import SiteConfig, load_site
+
+#: The site configuration the definitions are built from ($FEAR_ASSETS_SITE; none: defaults).
+DEFINITION_SITE = load_site()
+
+#: Stages whose assets the daemon materialises when automation is on (see the module docstring).
+AUTOMATED_STAGES = ("pilot",)
+#: The family's stimuli: a family enters automation once this partition of it exists.
+FAMILY_ENTRY = dg.AssetKey("name_gate")
+#: The automation sensor (run by the daemon; on whenever automation is configured).
+SENSOR_NAME = "fear_assets_automation"
+#: Seconds between two evaluations of the conditions (Dagster's default).
+SENSOR_INTERVAL_SECONDS = 30
+#: Tag on every run the automation launches (besides Dagster's own dagster/from_automation_condition).
+LAUNCHED_BY_TAG = "fear_assets/launched_by"
+#: First retry's delay; doubled per attempt, with jitter, so a transient fault (a GPU reset, an
+#: out-of-memory from a neighbour) has time to clear.
+RETRY_DELAY_SECONDS = 30.0
+
+AC = dg.AutomationCondition
+
+
+def family_started() -> dg.AutomationCondition:
+    """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised."""
+    return AC.asset_matches(FAMILY_ENTRY, ~AC.missing()).with_label("family's stimuli materialised")
+
+
+def stage_condition() -> dg.AutomationCondition:
+    """An automated asset with upstream assets: fresh inputs whose blocking checks passed."""
+    return (AC.eager() & AC.all_deps_blocking_checks_passed() & family_started()).with_label("next stage")
+
+
+def entry_condition() -> dg.AutomationCondition:
+    """An automated asset with no upstream asset: the family's stimuli newly updated (and their
+    blocking checks passed) stand in for fresh inputs."""
+    stimuli_updated = AC.asset_matches(FAMILY_ENTRY, AC.newly_updated()).with_label("family's stimuli updated")
+    stimuli_passed = AC.asset_matches(FAMILY_ENTRY, AC.all_checks_match(
+        AC.check_passed(), blocking_only=True)).with_label("family's stimuli checks passed")
+    return (stimuli_updated.since_last_handled() & family_started() & stimuli_passed
+            & ~AC.asset_matches(FAMILY_ENTRY, AC.in_progress()) & ~AC.in_progress()).with_label("stage entry")
+
+
+def automated(assets: Iterable[dg.AssetsDefinition], stages=AUTOMATED_STAGES) -> list[dg.AssetsDefinition]:
+    """``assets`` with the automation condition on every asset of ``stages``; others unchanged."""
+    out = []
+    for a in assets:
+        conditions = {key: (stage_condition() if a.specs_by_key[key].deps else entry_condition())
+                      for key in a.keys if a.group_names_by_key.get(key) in stages}
+        out.append(a.with_attributes(automation_condition=conditions) if conditions else a)
+    return out
+
+
+def automation_sensor(assets: Iterable[dg.AssetsDefinition]) -> dg.AutomationConditionSensorDefinition:
+    """The sensor that evaluates the conditions, on by default (the daemon runs it)."""
+    keys = [k for a in assets for k in a.keys if a.specs_by_key[k].automation_condition is not None]
+    return dg.AutomationConditionSensorDefinition(
+        SENSOR_NAME, target=dg.AssetSelection.assets(*keys), default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, run_tags={LAUNCHED_BY_TAG: "automation"},
+        description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
+                    "family's pilot once its stimuli exist, each step when its inputs are fresh and their "
+                    "blocking checks passed (fear_assets/defs/automation.py says which stages and why).")
+
+
+def model_retry_policy(site: SiteConfig = DEFINITION_SITE, delay: float = RETRY_DELAY_SECONDS) -> dg.RetryPolicy:
+    """Retries of a failed model step: ``site.retries``, exponential backoff with jitter."""
+    return dg.RetryPolicy(max_retries=site.retries, delay=delay, backoff=dg.Backoff.EXPONENTIAL,
+                          jitter=dg.Jitter.PLUS_MINUS)
+
+
+#: The retry policy of every model step (every asset in pool "gpu").
+MODEL_RETRY = model_retry_policy()
+
+
+def _not_retried(exc: FearAssetsError) -> dg.Failure:
+    return dg.Failure(description=str(exc), allow_retries=False)
+
+
+def model_step(fn: Callable) -> Callable:
+    """Wrap a model step's compute function: a ``FearAssetsError`` (a deterministic input
+    error) fails the step at once, its message intact, instead of being retried."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except FearAssetsError as exc:
+                raise _not_retried(exc) from exc
+        wrapper = steps
+    else:
+        @functools.wraps(fn)
+        def step(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except FearAssetsError as exc:
+                raise _not_retried(exc) from exc
+        wrapper = step
+    wrapper.model_step = True  # type: ignore[attr-defined]  # the tests find every wrapped step by it
+    return wrapper
