@@ -141,3 +141,14 @@ def model_step(fn: Callable) -> Callable:
         wrapper = step
     wrapper.model_step = True  # type: ignore[attr-defined]  # the tests find every wrapped step by it
     return wrapper
+
+
+def failure_text(error) -> str:
+    """A failed step's message with the errors that caused it: once a retried step has used
+    its retries, Dagster's own message reads "Exceeded max_retries of N" and the cause says why."""
+    parts = []
+    while error is not None:
+        parts.append(error.message.strip())
+        error = error.cause
+    return "\ncaused by: ".join(parts)
+
