@@ -99,20 +99,23 @@ def test_with_automation_on_the_familys_stimuli_lead_the_daemon_to_its_pilot(tmp
         ours = {frame_bank.run_id, name_gate.run_id}
         graph = stimuli.resolve_asset_graph()
 
-        def pilot_run():
-            for run in instance.get_runs(filters=dg.RunsFilter(tags={AUTOMATION_CONDITION_TAG: "true"})):
-                keys = run.asset_selection or set()
-                if (any(graph.get(k).group_name == "pilot" for k in keys)
-                        and EMBEDDED in run.tags.get(PARTITION_NAME_TAG, "")):
-                    return run
-            return None
+        def launched():
+            return [r for r in instance.get_runs(filters=dg.RunsFilter(tags={AUTOMATION_CONDITION_TAG: "true"}))
+                    if r.run_id not in ours]
 
-        run = _wait("a run of the pilot launched by the automation", pilot_run, LAUNCH_S, daemon, log)
-    assert run.run_id not in ours
-    assert run.tags.get(LAUNCHED_BY_TAG) == "automation"
-    record = instance.get_run_record_by_id(run.run_id)
-    assert record.create_timestamp.timestamp() >= started
+        def pilot_runs():
+            # one tick submits its runs one by one: wait for the family's first steps of both
+            # partitionings, the manifest (the stage's entry, no upstream asset) and the trial tables
+            runs = [r for r in launched() if EMBEDDED in r.tags.get(PARTITION_NAME_TAG, "")
+                    and any(graph.get(k).group_name == "pilot" for k in (r.asset_selection or ()))]
+            selected = {k.to_user_string() for r in runs for k in (r.asset_selection or ())}
+            return runs if {"model_manifest", "pilot_trial_table", "assignment_key"} <= selected else None
+
+        runs = _wait("runs of the pilot launched by the automation", pilot_runs, LAUNCH_S, daemon, log)
+    for run in runs:
+        assert run.tags.get(LAUNCHED_BY_TAG) == "automation"
+        assert instance.get_run_record_by_id(run.run_id).create_timestamp.timestamp() >= started
     # every run the daemon submitted is a pilot run of the family whose stimuli were materialised
-    launched = [r for r in instance.get_runs() if r.run_id not in ours]
-    assert launched and all(EMBEDDED in r.tags.get(PARTITION_NAME_TAG, "") for r in launched)
-    assert all(graph.get(k).group_name == "pilot" for r in launched for k in (r.asset_selection or ()))
+    others = [r for r in instance.get_runs() if r.run_id not in ours]
+    assert all(EMBEDDED in r.tags.get(PARTITION_NAME_TAG, "") for r in others)
+    assert all(graph.get(k).group_name == "pilot" for r in others for k in (r.asset_selection or ()))

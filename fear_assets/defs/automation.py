@@ -101,6 +101,8 @@ def automation_sensor(assets: Iterable[dg.AssetsDefinition]) -> dg.AutomationCon
     return dg.AutomationConditionSensorDefinition(
         SENSOR_NAME, target=dg.AssetSelection.assets(*keys), default_status=dg.DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, run_tags={LAUNCHED_BY_TAG: "automation"},
+        # one run per partition, each tagged as launched by the automation (not a backfill)
+        emit_backfills=False,
         description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
                     "family's pilot once its stimuli exist, each step when its inputs are fresh and their "
                     "blocking checks passed (fear_assets/defs/automation.py says which stages and why).")
