@@ -147,10 +147,13 @@ def model_step(fn: Callable) -> Callable:
 
 def failure_text(error) -> str:
     """A failed step's message with the errors that caused it: once a retried step has used
-    its retries, Dagster's own message reads "Exceeded max_retries of N" and the cause says why."""
-    parts = []
+    its retries Dagster's own message reads "Exceeded max_retries of N" (and a plain error's
+    "Error occurred while executing op"), and the cause says why. A cause that repeats the
+    message before it (a not-retried project error) is not repeated."""
+    parts: list[str] = []
     while error is not None:
-        parts.append(error.message.strip())
+        text = error.message.strip()
+        if not any(text.split(": ", 1)[-1] in p for p in parts):
+            parts.append(text)
         error = error.cause
     return "\ncaused by: ".join(parts)
-
