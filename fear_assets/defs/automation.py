@@ -12,7 +12,11 @@ or in progress: ``AutomationCondition.eager()``) and every blocking check of its
 partition): the shared frame bank alone moves no family, so a lab starts a family by
 materialising that family's stimuli, and the daemon (``dagster dev`` / ``fear ui`` starts it)
 carries it on. The pilot's one asset with no upstream asset, ``model_manifest``, takes the
-family's stimuli as its trigger (it hashes the checkpoint files the pilot loads next).
+family's stimuli as its trigger (it hashes the checkpoint files the pilot loads next). The
+sensor submits one run per partition (no backfill), each tagged ``fear_assets/launched_by:
+automation`` besides Dagster's own ``dagster/from_automation_condition``. As with any eager
+condition, an update is an update: re-materialising a family's stimuli re-runs its pilot, and
+on the daemon's first evaluation a missing pilot partition whose inputs exist is requested.
 
 Which stages are automated (``AUTOMATED_STAGES``): the pilot only.
 - The power simulation is not: its family x batch rectangle holds every family's batch keys,
