@@ -20,6 +20,7 @@ from fear_assets.core.site import SITE_ENV, SiteConfig
 from fear_assets.defs.automation import (AUTOMATED_STAGES, LAUNCHED_BY_TAG, SENSOR_NAME, failure_text,
                                          model_retry_policy, model_step)
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, defs, stage_jobs
+from fear_assets.defs.partitions import power_partition_keys, power_partitions
 
 from fear_assets_tests.conftest import EMBEDDED
 
@@ -95,10 +96,14 @@ def test_a_site_with_automation_conditions_the_pilot_and_retries_model_steps_as_
     out = _site_subprocess(tmp_path, "automation: true\nretries: 3\n")
     groups, conditions = out["groups"], out["conditions"]
     pilot = {k for k, g in groups.items() if g == "pilot"}
-    assert AUTOMATED_STAGES == ("pilot",)
-    assert set(conditions) == pilot
+    registration = {k for k, g in groups.items() if g == "registration"}
+    assert AUTOMATED_STAGES == ("pilot", "registration")
+    assert set(conditions) == pilot | registration
     assert conditions["model_manifest"] == "stage entry"  # no upstream asset: the family's stimuli trigger it
-    assert all(conditions[k] == "next stage" for k in pilot - {"model_manifest"})
+    assert conditions["power_simulation"] == "next stage (own batches)"
+    assert conditions["power_summary"] == "next stage (own batches done)"
+    assert all(conditions[k] == "next stage" for k in (pilot | registration)
+               - {"model_manifest", "power_simulation", "power_summary"})
     assert not {k for k, g in groups.items() if g == "stimuli"} & set(conditions)
     assert out["sensors"] == {SENSOR_NAME: str(dg.DefaultSensorStatus.RUNNING)}
     retries = out["retries"]
@@ -175,16 +180,36 @@ def test_another_familys_stimuli_start_only_that_family(automated_defs):
     assert _families(requested) == {OTHER}, requested
 
 
-def test_automation_stops_before_the_registration_stage(automated_defs):
-    """The power simulation, the record and everything after registration are launched by hand
-    (``fear run``, ``fear register``): none of them carries a condition."""
+def test_automation_stops_at_the_draft_registration_record(automated_defs):
+    """Issuing the record (``fear register``) and everything after registration are launched by
+    hand: no asset after the registration stage carries a condition."""
     conditioned = _conditioned(automated_defs)
     graph = automated_defs.resolve_asset_graph()
     later = {k.to_user_string() for k in graph.get_all_asset_keys()
-             if STAGE_NAMES.index(graph.get(k).group_name) > STAGE_NAMES.index("pilot")}
-    assert {"power_simulation", "registration_record", "confirmatory_scores"} <= later
+             if STAGE_NAMES.index(graph.get(k).group_name) > STAGE_NAMES.index("registration")}
+    assert {"confirmatory_trial_table", "confirmatory_scores", "section8_reading"} <= later
     assert not later & set(conditioned)
+    assert {"power_simulation", "power_summary", "registration_record"} <= set(conditioned)
     assert len(stage_jobs()) == len(automated_defs.jobs)
+
+
+def test_the_power_simulation_runs_only_the_familys_own_batches_and_then_its_summary(automated_defs, settings):
+    """The family x batch rectangle holds every family's batch keys; the family's estimates
+    request only its own batches, and the summary follows once those exist."""
+    instance = dg.DagsterInstance.ephemeral()
+    first = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance)
+    _materialised(instance, "name_gate", EMBEDDED)
+    _materialised(instance, "power_pilot_estimates", EMBEDDED)
+    second = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance, cursor=first.cursor)
+    own = {str(k) for k in power_partition_keys(settings, EMBEDDED)}
+    all_keys = {str(k) for k in power_partitions.get_partition_keys()}
+    assert len(all_keys) > len(own) > 0
+    assert _requested(second)["power_simulation"] == own
+    assert "power_summary" not in _requested(second)  # its batches are not done
+    for key in own:
+        _materialised(instance, "power_simulation", key)
+    third = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance, cursor=second.cursor)
+    assert _requested(third).get("power_summary") == {EMBEDDED}  # the other families' keys are not waited for
 
 
 # --- retries: a tiny model step with the same wrapper -------------------------------------------

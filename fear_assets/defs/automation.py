@@ -18,18 +18,19 @@ automation`` besides Dagster's own ``dagster/from_automation_condition``. As wit
 condition, an update is an update: re-materialising a family's stimuli re-runs its pilot, and
 on the daemon's first evaluation a missing pilot partition whose inputs exist is requested.
 
-Which stages are automated (``AUTOMATED_STAGES``): the pilot only.
-- The power simulation is not: its family x batch rectangle holds every family's batch keys,
-  of which a family runs only its own (``partitions.power_partition_keys``); an eager condition
-  would request every batch key for every family and its summary would wait on batches that
-  are never run. No built-in condition selects a family's own keys, so ``fear run FAMILY
-  --through registration`` launches it.
-- The registration record is therefore not automated either (its power input comes from that
-  launch); issuing it is the deliberate human act ``fear register``.
+Which stages are automated (``AUTOMATED_STAGES``): the pilot and the registration stage, up to
+the draft registration record.
+- The power simulation is, for each family's own batches only: its family x batch rectangle
+  holds every family's batch keys (``partitions.power_partition_keys``: a family runs its
+  own), so its condition adds ``OwnBatches`` and the power summary waits for the family's own
+  batches alone. ``OwnBatches`` is project code, so the sensor is evaluated in the code server
+  (``use_user_code_server``), not in the daemon.
+- The registration record is automated as the draft the pilot mode writes; issuing it is the
+  deliberate human act ``fear register``.
 - Collection and everything after registration are not: they should follow on their own only
-  for a family whose record is issued, and a family's mode is a file under
-  ``data/registration/``, not Dagster state that a built-in condition can read. Those stages are
-  launched by ``fear run`` after ``fear register``.
+  for a family whose record is issued, and issuing writes a file under ``data/registration/``
+  that no asset's materialisation announces, so no condition sees it become true. Those stages
+  are launched by ``fear run FAMILY`` after ``fear register``.
 
 Retries: every model step (pool "gpu") carries ``MODEL_RETRY`` (``retries`` from the site,
 exponential backoff with jitter); scoring resumes from its finished chunks, so a retry costs
@@ -42,18 +43,24 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterable
 
 import dagster as dg
 
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.site import SiteConfig, load_site
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, LAYOUT, power_partition_keys
 
 #: The site configuration the definitions are built from ($FEAR_ASSETS_SITE; none: defaults).
 DEFINITION_SITE = load_site()
 
 #: Stages whose assets the daemon materialises when automation is on (see the module docstring).
-AUTOMATED_STAGES = ("pilot",)
+AUTOMATED_STAGES = ("pilot", "registration")
+#: The family x batch asset whose rectangle holds every family's batch keys.
+POWER_BATCHES = dg.AssetKey("power_simulation")
+#: Each family's own simulation batches ("<batch>|<family>"), from the settings the definitions load.
+OWN_BATCHES = frozenset(str(k) for family in LAYOUT.families for k in power_partition_keys(DEFINITION_SETTINGS, family))
 #: The family's stimuli: a family enters automation once this partition of it exists.
 FAMILY_ENTRY = dg.AssetKey("name_gate")
 #: The automation sensor (run by the daemon; on whenever automation is configured).
@@ -89,11 +96,54 @@ def entry_condition() -> dg.AutomationCondition:
             & ~AC.asset_matches(FAMILY_ENTRY, AC.in_progress()) & ~AC.in_progress()).with_label("stage entry")
 
 
+class OwnBatches(dg.AutomationCondition):
+    """True for the partitions of ``POWER_BATCHES`` that are one of their family's own
+    simulation batches (``partitions.power_partition_keys``), and for every partition of any
+    other asset: the family x batch rectangle holds every family's batch keys, and a family
+    runs only its own."""
+
+    def __init__(self, own: frozenset[str] = OWN_BATCHES):
+        self._own = own
+
+    @property
+    def name(self) -> str:
+        return "own_batches"
+
+    @property
+    def description(self) -> str:
+        return "one of the family's own simulation batches"
+
+    def evaluate(self, context) -> dg.AutomationResult:
+        if context.key != POWER_BATCHES:
+            return dg.AutomationResult(context=context, true_subset=context.candidate_subset)
+        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                                   compute_intersection_with_partition_keys(set(self._own), context.candidate_subset))
+
+
+def power_condition() -> dg.AutomationCondition:
+    """The power simulation's batches: the stage condition, for the family's own batches only."""
+    return (stage_condition() & OwnBatches()).with_label("next stage (own batches)")
+
+
+def power_summary_condition() -> dg.AutomationCondition:
+    """The power summary: eager, with "none missing" read over the family's own batches (the
+    others of the rectangle are never run for it)."""
+    own_missing = AC.any_deps_match(AC.missing() & ~AC.will_be_requested() & OwnBatches())
+    return ((AC.newly_missing() | AC.any_deps_updated()).since_last_handled() & ~own_missing
+            & ~AC.any_deps_in_progress() & ~AC.in_progress() & AC.all_deps_blocking_checks_passed()
+            & family_started()).with_label("next stage (own batches done)")
+
+
+#: Assets whose condition is not the plain stage condition.
+SPECIAL = {POWER_BATCHES: power_condition, dg.AssetKey("power_summary"): power_summary_condition}
+
+
 def automated(assets: Iterable[dg.AssetsDefinition], stages=AUTOMATED_STAGES) -> list[dg.AssetsDefinition]:
     """``assets`` with the automation condition on every asset of ``stages``; others unchanged."""
     out = []
     for a in assets:
-        conditions = {key: (stage_condition() if a.specs_by_key[key].deps else entry_condition())
+        conditions = {key: (SPECIAL[key]() if key in SPECIAL else stage_condition() if a.specs_by_key[key].deps
+                            else entry_condition())
                       for key in a.keys if a.group_names_by_key.get(key) in stages}
         out.append(a.with_attributes(automation_condition=conditions) if conditions else a)
     return out
@@ -102,14 +152,19 @@ def automated(assets: Iterable[dg.AssetsDefinition], stages=AUTOMATED_STAGES) ->
 def automation_sensor(assets: Iterable[dg.AssetsDefinition]) -> dg.AutomationConditionSensorDefinition:
     """The sensor that evaluates the conditions, on by default (the daemon runs it)."""
     keys = [k for a in assets for k in a.keys if a.specs_by_key[k].automation_condition is not None]
-    return dg.AutomationConditionSensorDefinition(
-        SENSOR_NAME, target=dg.AssetSelection.assets(*keys), default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, run_tags={LAUNCHED_BY_TAG: "automation"},
-        # one run per partition, each tagged as launched by the automation (not a backfill)
-        emit_backfills=False,
-        description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
-                    "family's pilot once its stimuli exist, each step when its inputs are fresh and their "
-                    "blocking checks passed (fear_assets/defs/automation.py says which stages and why).")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)  # use_user_code_server: a beta API we rely on deliberately
+        return dg.AutomationConditionSensorDefinition(
+            SENSOR_NAME, target=dg.AssetSelection.assets(*keys), default_status=dg.DefaultSensorStatus.RUNNING,
+            minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, run_tags={LAUNCHED_BY_TAG: "automation"},
+            # one run per partition, each tagged as launched by the automation (not a backfill)
+            emit_backfills=False,
+            # OwnBatches is project code: the sensor evaluates in the code server, not the daemon
+            use_user_code_server=True,
+            description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
+                        "family's pilot and registration draft once its stimuli exist, each step when its inputs "
+                        "are fresh and their blocking checks passed (fear_assets/defs/automation.py says which "
+                        "stages and why).")
 
 
 def model_retry_policy(site: SiteConfig = DEFINITION_SITE, delay: float = RETRY_DELAY_SECONDS) -> dg.RetryPolicy:
