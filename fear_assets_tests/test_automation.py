@@ -120,11 +120,13 @@ def automated_defs():
     return build_definitions(":memory:", automation=True)
 
 
-def _materialised(instance, key: str, partition: str | None = None, checks: dict[str, bool] | None = None) -> None:
+def _materialised(instance, key: str, partition: str | None = None, checks: dict[str, bool] | None = None,
+                  severity=dg.AssetCheckSeverity.ERROR) -> None:
     instance.report_runless_asset_event(dg.AssetMaterialization(key, partition=partition))
     for name, passed in (checks or {}).items():
         instance.report_runless_asset_event(dg.AssetCheckEvaluation(asset_key=dg.AssetKey(key), check_name=name,
-                                                                    passed=passed, partition=partition))
+                                                                    passed=passed, partition=partition,
+                                                                    severity=severity))
 
 
 def _requested(result) -> dict[str, set[str]]:
@@ -168,6 +170,26 @@ def test_a_failed_blocking_check_stops_what_depends_on_it(automated_defs):
                                                              cursor=first.cursor))
     assert not {"assignment_key", "pilot_trial_table", "sentence_surprisal"} & set(requested), requested
     assert "zero_preference" in requested and "model_manifest" in requested
+
+
+@pytest.mark.parametrize("severity", [dg.AssetCheckSeverity.WARN, dg.AssetCheckSeverity.ERROR])
+def test_a_familys_failed_gate_stops_only_that_family_and_only_when_it_blocks(automated_defs, severity):
+    """A registration gate blocks by its family's mode: a pilot family's failed gate is a WARN
+    (advisory: its pilot goes on), a registered family's an ERROR (what depends on it waits);
+    another family's failed gate never stops this one."""
+    instance = dg.DagsterInstance.ephemeral()
+    first = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance)
+    _materialised(instance, "frame_bank", checks={"bank_freeze": True})
+    _materialised(instance, "name_gate", EMBEDDED, checks={"five_single_token_names": True})
+    _materialised(instance, "name_gate", OTHER, checks={"five_single_token_names": False}, severity=severity)
+    requested = _requested(dg.evaluate_automation_conditions(defs=automated_defs, instance=instance,
+                                                             cursor=first.cursor))
+    family_of = {k: {p.split("|")[-1] for p in parts} for k, parts in requested.items()}
+    assert EMBEDDED in family_of["pilot_trial_table"] and EMBEDDED in family_of["zero_preference"]
+    stopped = severity == dg.AssetCheckSeverity.ERROR
+    assert (OTHER in family_of["pilot_trial_table"]) is not stopped
+    assert (OTHER in family_of["zero_preference"]) is not stopped
+    assert OTHER in family_of["assignment_key"]  # it reads no name: the name gate does not stop it
 
 
 def test_another_familys_stimuli_start_only_that_family(automated_defs):

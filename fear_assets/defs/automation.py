@@ -7,8 +7,10 @@ and retries its steps decides no document, score, gate or reading.
 Automation (``automation: true``; off by default, so the demo and the tests see today's
 definitions). Every asset of an automated stage gets one declarative condition: a family x
 partition is materialised when its upstream partitions are fresh (newly updated, none missing
-or in progress: ``AutomationCondition.eager()``) and every blocking check of its inputs passed
-(``all_deps_blocking_checks_passed()``), once the family's own stimuli exist (its ``name_gate``
+or in progress: ``AutomationCondition.eager()``) and no blocking check of its inputs stopped the
+family (``GatesClear``: Dagster's ``all_deps_blocking_checks_passed()`` reads a check's latest
+evaluation whichever family ran it, and counts a pilot family's advisory WARN as a stop; the
+gates' blocking is the family's mode, an ERROR), once the family's own stimuli exist (its ``name_gate``
 partition): the shared frame bank alone moves no family, so a lab starts a family by
 materialising that family's stimuli, and the daemon (``dagster dev`` / ``fear ui`` starts it)
 carries it on. The pilot's one asset with no upstream asset, ``model_manifest``, takes the
@@ -23,8 +25,8 @@ the draft registration record.
 - The power simulation is, for each family's own batches only: its family x batch rectangle
   holds every family's batch keys (``partitions.power_partition_keys``: a family runs its
   own), so its condition adds ``OwnBatches`` and the power summary waits for the family's own
-  batches alone. ``OwnBatches`` is project code, so the sensor is evaluated in the code server
-  (``use_user_code_server``), not in the daemon.
+  batches alone. ``OwnBatches`` and ``GatesClear`` are project code, so the sensor is evaluated
+  in the code server (``use_user_code_server``), not in the daemon.
 - The registration record is automated as the draft the pilot mode writes; issuing it is the
   deliberate human act ``fear register``.
 - Collection and everything after registration are not: they should follow on their own only
@@ -76,6 +78,58 @@ RETRY_DELAY_SECONDS = 30.0
 AC = dg.AutomationCondition
 
 
+def _family(partition_key: str | None) -> str | None:
+    """The family part of a partition key ("<family>", "<depth>|<family>", "<batch>|<family>")."""
+    return partition_key.split("|")[-1] if partition_key else None
+
+
+class GatesClear(dg.AutomationCondition):
+    """True for a partition unless, for its family, the latest evaluation of a blocking check of
+    one of its inputs failed with ERROR severity: what Dagster itself stops a run at (the freeze
+    gate; a registration gate of a registered family). A pilot family's failed gate is a WARN
+    and does not stop it, and one family's gates never stop another family: the checks'
+    evaluations are not partitioned, so the family is read from the run that evaluated them.
+    ``inputs`` replaces the asset's own inputs (the stage's entry reads the family's stimuli)."""
+
+    def __init__(self, inputs: tuple[dg.AssetKey, ...] | None = None):
+        self._inputs = inputs
+
+    @property
+    def name(self) -> str:
+        return "gates_clear"
+
+    @property
+    def description(self) -> str:
+        return "no blocking check of an input failed with ERROR severity for the family"
+
+    def evaluate(self, context) -> dg.AutomationResult:
+        graph, instance = context.asset_graph, context.asset_graph_view.instance
+        inputs = self._inputs if self._inputs is not None else graph.get(context.key).parent_keys
+        stopped: set[str | None] = set()  # None: an unpartitioned input's gate stops every family
+        for check in graph.get_check_keys_for_assets(set(inputs)):
+            if not graph.get(check).blocking:
+                continue
+            seen: set[str | None] = set()
+            for record in instance.event_log_storage.get_asset_check_execution_history(check, limit=200):
+                evaluation = record.evaluation
+                if evaluation is None:  # planned, not evaluated yet
+                    continue
+                run = instance.get_run_by_id(record.run_id) if record.run_id else None
+                family = _family(record.partition or (run.tags.get("dagster/partition") if run else None))
+                if family in seen:
+                    continue  # an older evaluation of a family already decided
+                seen.add(family)
+                if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR:
+                    stopped.add(family)
+        candidates = context.candidate_subset
+        if None in stopped or not stopped:
+            return dg.AutomationResult(context=context,
+                                       true_subset=context.get_empty_subset() if None in stopped else candidates)
+        keep = {k for k in candidates.expensively_compute_partition_keys() if _family(k) not in stopped}
+        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                                   compute_intersection_with_partition_keys(keep, candidates))
+
+
 def family_started() -> dg.AutomationCondition:
     """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised."""
     return AC.asset_matches(FAMILY_ENTRY, ~AC.missing()).with_label("family's stimuli materialised")
@@ -83,16 +137,14 @@ def family_started() -> dg.AutomationCondition:
 
 def stage_condition() -> dg.AutomationCondition:
     """An automated asset with upstream assets: fresh inputs whose blocking checks passed."""
-    return (AC.eager() & AC.all_deps_blocking_checks_passed() & family_started()).with_label("next stage")
+    return (AC.eager() & GatesClear() & family_started()).with_label("next stage")
 
 
 def entry_condition() -> dg.AutomationCondition:
     """An automated asset with no upstream asset: the family's stimuli newly updated (and their
     blocking checks passed) stand in for fresh inputs."""
     stimuli_updated = AC.asset_matches(FAMILY_ENTRY, AC.newly_updated()).with_label("family's stimuli updated")
-    stimuli_passed = AC.asset_matches(FAMILY_ENTRY, AC.all_checks_match(
-        AC.check_passed(), blocking_only=True)).with_label("family's stimuli checks passed")
-    return (stimuli_updated.since_last_handled() & family_started() & stimuli_passed
+    return (stimuli_updated.since_last_handled() & family_started() & GatesClear((FAMILY_ENTRY,))
             & ~AC.asset_matches(FAMILY_ENTRY, AC.in_progress()) & ~AC.in_progress()).with_label("stage entry")
 
 
@@ -130,7 +182,7 @@ def power_summary_condition() -> dg.AutomationCondition:
     others of the rectangle are never run for it)."""
     own_missing = AC.any_deps_match(AC.missing() & ~AC.will_be_requested() & OwnBatches())
     return ((AC.newly_missing() | AC.any_deps_updated()).since_last_handled() & ~own_missing
-            & ~AC.any_deps_in_progress() & ~AC.in_progress() & AC.all_deps_blocking_checks_passed()
+            & ~AC.any_deps_in_progress() & ~AC.in_progress() & GatesClear()
             & family_started()).with_label("next stage (own batches done)")
 
 
@@ -159,7 +211,7 @@ def automation_sensor(assets: Iterable[dg.AssetsDefinition]) -> dg.AutomationCon
             minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, run_tags={LAUNCHED_BY_TAG: "automation"},
             # one run per partition, each tagged as launched by the automation (not a backfill)
             emit_backfills=False,
-            # OwnBatches is project code: the sensor evaluates in the code server, not the daemon
+            # OwnBatches and GatesClear are project code: the sensor evaluates in the code server
             use_user_code_server=True,
             description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
                         "family's pilot and registration draft once its stimuli exist, each step when its inputs "
