@@ -17,6 +17,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
+from fear_assets.defs.automation import DEFINITION_SITE, automated, automation_sensor
 from fear_assets.defs.resources import ProtocolResource, store_io_manager
 from fear_assets.defs.resources.models import LanguageModelResource
 
@@ -86,9 +87,16 @@ def resources(duckdb_path: str | None = None, *, site: SiteConfig | None = None,
             "language_model": LanguageModelResource.from_site(site, **cache)}
 
 
-def build_definitions(duckdb_path: str | None = None, **protocol_paths: str) -> dg.Definitions:
-    """The Definitions with resources bound to a store (the main job passes its own)."""
-    return dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=stage_jobs(),
+def build_definitions(duckdb_path: str | None = None, *, automation: bool | None = None,
+                      **protocol_paths: str) -> dg.Definitions:
+    """The Definitions with resources bound to a store (the main job passes its own). With
+    ``automation`` (default: the site configuration's), the automated stages' assets carry
+    their conditions and the automation sensor is on (``defs.automation``); without, the
+    definitions have no condition and no sensor."""
+    on = DEFINITION_SITE.automation if automation is None else automation
+    assets = automated(all_assets) if on else all_assets
+    return dg.Definitions(assets=assets, asset_checks=all_checks, jobs=stage_jobs(),
+                          sensors=[automation_sensor(assets)] if on else [],
                           resources=resources(duckdb_path, **protocol_paths))
 
 

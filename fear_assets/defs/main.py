@@ -39,6 +39,7 @@ if __name__ == "__main__":  # before the imports below: --help answers at once, 
 import dagster as dg  # noqa: E402 (after the warning capture above)
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus  # noqa: E402
 
+from fear_assets.defs.automation import failure_text  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
@@ -225,7 +226,7 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
             gate_failures = [e for e in failures if e.event_specific_data.error.cls_name == CHECK_FAILED]
             if len(failures) > len(gate_failures):  # a real failure, not a failed gate
                 return Stop(step.stage, names, key, None,
-                            next(e for e in failures if e not in gate_failures).event_specific_data.error.message)
+                            failure_text(next(e for e in failures if e not in gate_failures).event_specific_data.error))
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             print(f"  {label[:90]:<90} {time.perf_counter() - t:6.1f} s  run {result.run_id[:8]}"
                   + (f"  FAILED CHECKS: {', '.join(e.check_name for e in failed)}" if failed else ""))

@@ -8,6 +8,7 @@ import pandas as pd
 
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.defs.assets.steps import not_applicable_output, score_table, trial_table_output
+from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.design.accounting import accounting_verdict, close_accounting
 from fear_assets.design.scored import scored_rows
@@ -45,7 +46,8 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
-          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS, ins={"model_manifest": OF_FAMILY})
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY, ins={"model_manifest": OF_FAMILY})
+@model_step
 def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                         language_model: LanguageModelResource, confirmatory_trial_table: pd.DataFrame,
                         model_manifest: pd.DataFrame):

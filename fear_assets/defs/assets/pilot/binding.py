@@ -4,6 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.assets.steps import answer, tested_builder
+from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.metadata import metadata_image
 from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
@@ -20,7 +21,8 @@ BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu", kinds={"duckdb", "pytorch"},
-          op_tags=GPU_OP_TAGS, ins={"pilot_scores": BY_DEPTH, "assignment_key": BY_DEPTH})
+          op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY, ins={"pilot_scores": BY_DEPTH, "assignment_key": BY_DEPTH})
+@model_step
 def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                     language_model: LanguageModelResource, name_gate: pd.DataFrame, pilot_scores: pd.DataFrame,
                     assignment_key: pd.DataFrame) -> dg.Output[pd.DataFrame]:
@@ -63,7 +65,8 @@ def binding_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolResou
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu", kinds={"duckdb", "pytorch"},
-          op_tags=GPU_OP_TAGS, ins={"pilot_scores": BY_DEPTH, "pilot_trial_table": BY_DEPTH})
+          op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY, ins={"pilot_scores": BY_DEPTH, "pilot_trial_table": BY_DEPTH})
+@model_step
 def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                    language_model: LanguageModelResource, pilot_scores: pd.DataFrame,
                    pilot_trial_table: pd.DataFrame) -> dg.Output[pd.DataFrame]:

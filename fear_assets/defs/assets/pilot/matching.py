@@ -4,6 +4,7 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.assets.steps import answer, tested_builder
+from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.metadata import metadata_image
 from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
@@ -66,7 +67,8 @@ def matching_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolReso
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu", kinds={"duckdb", "pytorch"},
-          op_tags=GPU_OP_TAGS)
+          op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY)
+@model_step
 def zero_preference(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                     language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Zero preference (4.3): with no document, every forced-choice question (each agent

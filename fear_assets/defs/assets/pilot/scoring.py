@@ -7,6 +7,7 @@ import pandas as pd
 from fear_assets.lm.resumable import discard_chunks
 from fear_assets.defs.assets.steps import not_applicable_output, score_table
 from fear_assets.design.scored import control_rows, scored_rows
+from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.pilot.depth_rules import band_depth_keys
@@ -15,8 +16,9 @@ from fear_assets.defs.resources.protocol import ProtocolResource
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
-          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY,
           ins={"model_manifest": dg.AssetIn(partition_mapping=family_of_partition)})
+@model_step
 def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, language_model: LanguageModelResource,
                  pilot_trial_table: pd.DataFrame, model_manifest: pd.DataFrame):
     """Teacher-forced scores of the pilot trials of one family x depth (protocol 4.5): "one
@@ -41,9 +43,10 @@ def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,
-          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS,
+          kinds={"duckdb", "pytorch"}, op_tags=GPU_OP_TAGS, retry_policy=MODEL_RETRY,
           ins={"pilot_depths": dg.AssetIn(partition_mapping=family_of_partition),
                "model_manifest": dg.AssetIn(partition_mapping=family_of_partition)})
+@model_step
 def pilot_control_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                          language_model: LanguageModelResource, pilot_trial_table: pd.DataFrame,
                          pilot_depths: pd.DataFrame, model_manifest: pd.DataFrame):

@@ -6,6 +6,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
+from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
@@ -69,7 +70,9 @@ def tokenizer_agreement(context: dg.AssetCheckExecutionContext, protocol: Protoc
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
-          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS,
+          retry_policy=MODEL_RETRY)
+@model_step
 def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                        language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """Document-independent surprisal (protocol 4.3): every agent and partner sentence scored
@@ -90,7 +93,9 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
-          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS,
+          retry_policy=MODEL_RETRY)
+@model_step
 def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                             language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The same document-independent surprisal under the family's base checkpoint (4.3): the
@@ -100,7 +105,9 @@ def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoco
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
-          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS)
+          kinds={"duckdb", "pytorch"}, deps=["frame_bank", "model_manifest"], op_tags=GPU_OP_TAGS,
+          retry_policy=MODEL_RETRY)
+@model_step
 def judge_sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                              language_model: LanguageModelResource, name_gate: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """The same document-independent surprisal under the foreign judge, after its own
