@@ -17,12 +17,13 @@ import pytest
 
 from fear_assets.core.errors import DesignError, InputError
 from fear_assets.core.site import SITE_ENV, SiteConfig
-from fear_assets.defs.automation import (AUTOMATED_STAGES, LAUNCHED_BY_TAG, SENSOR_NAME, failure_text,
+from fear_assets.defs.automation import (AUTOMATED_STAGES, REGISTERED_STAGES, LAUNCHED_BY_TAG, SENSOR_NAME, failure_text,
                                          model_retry_policy, model_step)
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, defs, stage_jobs
 from fear_assets.defs.partitions import power_partition_keys, power_partitions
 
 from fear_assets_tests.conftest import EMBEDDED
+from fear_assets_tests.issued import issued_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER = "qwen2.5-7b"
@@ -98,7 +99,9 @@ def test_a_site_with_automation_conditions_the_pilot_and_retries_model_steps_as_
     pilot = {k for k, g in groups.items() if g == "pilot"}
     registration = {k for k, g in groups.items() if g == "registration"}
     assert AUTOMATED_STAGES == ("pilot", "registration")
-    assert set(conditions) == pilot | registration
+    registered_only = {k for k, label in conditions.items() if label == "next stage (registered family)"}
+    assert {groups[k] for k in registered_only} == set(REGISTERED_STAGES)
+    assert set(conditions) - registered_only == pilot | registration
     assert conditions["model_manifest"] == "stage entry"  # no upstream asset: the family's stimuli trigger it
     assert conditions["power_simulation"] == "next stage (own batches)"
     assert conditions["power_summary"] == "next stage (own batches done)"
@@ -202,17 +205,41 @@ def test_another_familys_stimuli_start_only_that_family(automated_defs):
     assert _families(requested) == {OTHER}, requested
 
 
-def test_automation_stops_at_the_draft_registration_record(automated_defs):
-    """Issuing the record (``fear register``) and everything after registration are launched by
-    hand: no asset after the registration stage carries a condition."""
+def test_after_registration_only_a_registered_familys_stages_follow(tmp_path):
+    """Collection onward follows on its own only for a family whose record is issued: a pilot
+    family's draft record moves nothing after registration (collecting confirmatory data before
+    registration is what the protocol forbids); issuing the record and re-materialising it (what
+    ``fear register`` does) requests that family's collection and no other family's. The
+    cross-family assets stay launched by hand. Issuing itself is never automated."""
+    automated_defs = build_definitions(":memory:", automation=True, registration_dir=str(tmp_path))
     conditioned = _conditioned(automated_defs)
     graph = automated_defs.resolve_asset_graph()
-    later = {k.to_user_string() for k in graph.get_all_asset_keys()
+    later = {k.to_user_string(): graph.get(k) for k in graph.get_all_asset_keys()
              if STAGE_NAMES.index(graph.get(k).group_name) > STAGE_NAMES.index("registration")}
-    assert {"confirmatory_trial_table", "confirmatory_scores", "section8_reading"} <= later
-    assert not later & set(conditioned)
+    assert {"confirmatory_trial_table", "confirmatory_scores", "section8_reading"} <= set(conditioned)
+    for name, node in later.items():
+        if node.partitions_def is None:
+            assert name not in conditioned, name
+        else:
+            assert conditioned[name] == "next stage (registered family)", name
     assert {"power_simulation", "power_summary", "registration_record"} <= set(conditioned)
     assert len(stage_jobs()) == len(automated_defs.jobs)
+
+    instance = dg.DagsterInstance.ephemeral()
+    tick = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance)
+    _materialised(instance, "frame_bank", checks={"bank_freeze": True})
+    for family in (EMBEDDED, OTHER):
+        _materialised(instance, "name_gate", family)
+        _materialised(instance, "registration_record", family)  # both drafts
+    tick = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance, cursor=tick.cursor)
+    assert not set(_requested(tick)) & set(later), _requested(tick)  # drafts: nothing after registration
+
+    issued_protocol(tmp_path, OTHER)
+    _materialised(instance, "registration_record", OTHER)  # fear register re-materialises the record
+    tick = dg.evaluate_automation_conditions(defs=automated_defs, instance=instance, cursor=tick.cursor)
+    requested = _requested(tick)
+    assert "confirmatory_trial_table" in requested, requested
+    assert _families({k: v for k, v in requested.items() if k in later}) == {OTHER}, requested
 
 
 def test_the_power_simulation_runs_only_the_familys_own_batches_and_then_its_summary(automated_defs, settings):

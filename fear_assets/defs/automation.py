@@ -29,10 +29,13 @@ the draft registration record.
   in the code server (``use_user_code_server``), not in the daemon.
 - The registration record is automated as the draft the pilot mode writes; issuing it is the
   deliberate human act ``fear register``.
-- Collection and everything after registration are not: they should follow on their own only
-  for a family whose record is issued, and issuing writes a file under ``data/registration/``
-  that no asset's materialisation announces, so no condition sees it become true. Those stages
-  are launched by ``fear run FAMILY`` after ``fear register``.
+- Collection and everything after it (``REGISTERED_STAGES``) follow on their own only for a
+  family whose record is issued (``FamilyRegistered``, read from the registration directory at
+  each evaluation): a pilot family's draft record moves nothing after registration, since
+  collecting confirmatory data before registration is what the protocol forbids. Issuing the
+  record (``fear register``) re-materialises the family's ``registration_record``, which is the
+  update the collection's eager condition sees; the cross-family assets (no family partition)
+  stay launched by hand.
 
 Retries: every model step (pool "gpu") carries ``MODEL_RETRY`` (``retries`` from the site,
 exponential backoff with jitter); scoring resumes from its finished chunks, so a retry costs
@@ -47,18 +50,23 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import dagster as dg
 
 from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.settings import DEFAULT_REGISTRATION_DIR
 from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, LAYOUT, power_partition_keys
+from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
 #: The site configuration the definitions are built from ($FEAR_ASSETS_SITE; none: defaults).
 DEFINITION_SITE = load_site()
 
 #: Stages whose assets the daemon materialises when automation is on (see the module docstring).
 AUTOMATED_STAGES = ("pilot", "registration")
+#: Stages the daemon materialises for a registered family only (``FamilyRegistered``).
+REGISTERED_STAGES = ("collection", "probes", "analysis", "reading")
 #: The family x batch asset whose rectangle holds every family's batch keys.
 POWER_BATCHES = dg.AssetKey("power_simulation")
 #: Each family's own simulation batches ("<batch>|<family>"), from the settings the definitions load.
@@ -190,13 +198,45 @@ def power_summary_condition() -> dg.AutomationCondition:
 SPECIAL = {POWER_BATCHES: power_condition, dg.AssetKey("power_summary"): power_summary_condition}
 
 
-def automated(assets: Iterable[dg.AssetsDefinition], stages=AUTOMATED_STAGES) -> list[dg.AssetsDefinition]:
-    """``assets`` with the automation condition on every asset of ``stages``; others unchanged."""
+class FamilyRegistered(dg.AutomationCondition):
+    """True for the partitions whose family's registration record is issued
+    (``registration.issue.family_mode``, read at each evaluation)."""
+
+    def __init__(self, registration_dir: str | Path = DEFAULT_REGISTRATION_DIR):
+        self._dir = Path(registration_dir)
+
+    @property
+    def name(self) -> str:
+        return "family_registered"
+
+    @property
+    def description(self) -> str:
+        return "the family's registration record is issued (fear register)"
+
+    def evaluate(self, context) -> dg.AutomationResult:
+        keep = {k for k in context.candidate_subset.expensively_compute_partition_keys()
+                if family_mode(self._dir, _family(k)) == CONFIRMATORY}
+        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                                   compute_intersection_with_partition_keys(keep, context.candidate_subset))
+
+
+def registered_condition(registration_dir: str | Path) -> dg.AutomationCondition:
+    """An asset after registration: the stage condition, for a registered family only."""
+    return (stage_condition() & FamilyRegistered(registration_dir)).with_label("next stage (registered family)")
+
+
+def automated(assets: Iterable[dg.AssetsDefinition], stages=AUTOMATED_STAGES,
+              registration_dir: str | Path = DEFAULT_REGISTRATION_DIR) -> list[dg.AssetsDefinition]:
+    """``assets`` with the automation condition on every asset of ``stages``, and on every
+    family-partitioned asset of ``REGISTERED_STAGES`` for registered families; others unchanged."""
     out = []
     for a in assets:
         conditions = {key: (SPECIAL[key]() if key in SPECIAL else stage_condition() if a.specs_by_key[key].deps
                             else entry_condition())
                       for key in a.keys if a.group_names_by_key.get(key) in stages}
+        if a.partitions_def is not None:
+            conditions |= {key: registered_condition(registration_dir) for key in a.keys
+                           if a.group_names_by_key.get(key) in REGISTERED_STAGES}
         out.append(a.with_attributes(automation_condition=conditions) if conditions else a)
     return out
 
@@ -214,9 +254,10 @@ def automation_sensor(assets: Iterable[dg.AssetsDefinition]) -> dg.AutomationCon
             # OwnBatches and GatesClear are project code: the sensor evaluates in the code server
             use_user_code_server=True,
             description="Stage-to-stage automation (site configuration 'automation: true'): materialises a "
-                        "family's pilot and registration draft once its stimuli exist, each step when its inputs "
-                        "are fresh and their blocking checks passed (fear_assets/defs/automation.py says which "
-                        "stages and why).")
+                        "family's pilot and registration draft once its stimuli exist, and a registered family's "
+                        "collection, probes, analysis and reading once its record is issued, each step when its "
+                        "inputs are fresh and their blocking checks passed (fear_assets/defs/automation.py says "
+                        "which stages and why).")
 
 
 def model_retry_policy(site: SiteConfig = DEFINITION_SITE, delay: float = RETRY_DELAY_SECONDS) -> dg.RetryPolicy:

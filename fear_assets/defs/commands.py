@@ -333,6 +333,24 @@ def cancel(args) -> int:
     return 0
 
 
+def refresh_stored_record(family: str) -> str:
+    """Materialise ``registration_record`` for ``family`` once more, so the store and the UI
+    show the issued record (a rerun on the same inputs keeps its issue) and, with automation
+    on, the registered family's collection sees the update it waits for."""
+    db, _ = main_job.prepare()
+    defs = build_definitions(db)
+    job = defs.resolve_job_def("registration_by_family_job")
+    result = job.execute_in_process(instance=dg.DagsterInstance.get(), partition_key=family,
+                                    asset_selection=[dg.AssetKey("registration_record")], raise_on_error=False,
+                                    run_config=main_job.QUIET, tags={main_job.FAMILY_TAG: family})
+    if result.success:
+        return f"the stored registration_record now shows the issued record (run {result.run_id[:8]})"
+    failure = next((e for e in result.all_events if e.is_step_failure), None)
+    why = failure.event_specific_data.error.message.strip().splitlines()[0] if failure else "the run did not succeed"
+    return (f"the stored registration_record still shows the draft ({why}); materialise registration_record for "
+            f"{family} again in the UI before the collection")
+
+
 def register(args) -> int:
     protocol = ProtocolResource()
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -344,6 +362,7 @@ def register(args) -> int:
         return 1
     print(f"Issued the registration record of {args.family}: {path}")
     print(f"  Stage 1 {args.stage1_id}, issued {now}, supplementary note {note}")
+    print("  " + refresh_stored_record(args.family))
     print(f"  {args.family} is now confirmatory: its registration gates block (a failed gate stops "
           f"`fear run {args.family}`), and its analysis unmasks only once scoring is locked. Other families keep "
           "their own mode.")

@@ -94,7 +94,8 @@ def build_definitions(duckdb_path: str | None = None, *, automation: bool | None
     their conditions and the automation sensor is on (``defs.automation``); without, the
     definitions have no condition and no sensor."""
     on = DEFINITION_SITE.automation if automation is None else automation
-    assets = automated(all_assets) if on else all_assets
+    registration_dir = protocol_paths.get("registration_dir", ProtocolResource().registration_dir)
+    assets = automated(all_assets, registration_dir=registration_dir) if on else all_assets
     return dg.Definitions(assets=assets, asset_checks=all_checks, jobs=stage_jobs(),
                           sensors=[automation_sensor(assets)] if on else [],
                           resources=resources(duckdb_path, **protocol_paths))
