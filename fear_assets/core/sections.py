@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
-from fear_assets.core.errors import SettingsError
+from fear_assets.core.errors import InputError, SettingsError
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,17 @@ CLIP = Constraint("two probabilities [low, high], low < high",
                   and all(_number(x) is not None and 0 < x < 1 for x in v) and v[0] < v[1] else None)
 
 
-def unknown_keys(path: Path, where: str, mapping: Mapping[str, Any], known) -> None:
-    """Reject a key the registered file does not define (a typo must not load silently)."""
+def unknown_keys(path: Path, where: str, mapping: Mapping[str, Any], known,
+                 error: type[InputError] = SettingsError) -> None:
+    """Reject a key the file does not define (a typo must not load silently); ``error`` is the
+    file's error class (the registered settings', or the site configuration's)."""
     known = [str(k) for k in known]
     for key in mapping:
         if str(key) not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise SettingsError(path, where, str(key), f"unknown key {str(key)!r}",
-                                f"{hint}write one of {', '.join(known)} under '{where}', or remove the key")
+            raise error(path, where, str(key), f"unknown key {str(key)!r}",
+                        f"{hint}write one of {', '.join(known)} under '{where}', or remove the key")
 
 
 def registered(constraint: Constraint, fix: str = "") -> Any:

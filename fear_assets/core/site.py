@@ -15,7 +15,6 @@ file's directory.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from fear_assets.core import sections
 from fear_assets.core.errors import InputError
 
 #: The variable that names this host's site configuration.
@@ -87,14 +87,8 @@ def site_path() -> Path | None:
 
 
 def unknown_keys(path: Path, where: str, mapping: Mapping[str, Any], known) -> None:
-    """Reject a key the site configuration does not define (a typo must not load silently)."""
-    known = [str(k) for k in known]
-    for key in mapping:
-        if str(key) not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise SiteError(path, where, str(key), f"unknown key {str(key)!r}",
-                            f"{hint}write one of {', '.join(known)} under '{where}', or remove the key")
+    """Reject a key the site configuration does not define, as a :class:`SiteError`."""
+    sections.unknown_keys(path, where, mapping, known, error=SiteError)
 
 
 def _int(path: Path, where: str, key: str, value: Any, minimum: int) -> int:
