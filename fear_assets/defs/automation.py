@@ -57,6 +57,7 @@ import dagster as dg
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.settings import DEFAULT_REGISTRATION_DIR
 from fear_assets.core.site import SiteConfig, load_site
+from fear_assets.defs.instance import check_evaluations
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, LAYOUT, power_partition_keys
 from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
@@ -118,12 +119,8 @@ class GatesClear(dg.AutomationCondition):
             if not graph.get(check).blocking:
                 continue
             seen: set[str | None] = set()
-            for record in instance.event_log_storage.get_asset_check_execution_history(check, limit=200):
-                evaluation = record.evaluation
-                if evaluation is None:  # planned, not evaluated yet
-                    continue
-                run = instance.get_run_by_id(record.run_id) if record.run_id else None
-                family = _family(record.partition or (run.tags.get("dagster/partition") if run else None))
+            for partition, evaluation in check_evaluations(instance, check, limit=200):  # newest first
+                family = _family(partition)
                 if family in seen:
                     continue  # an older evaluation of a family already decided
                 seen.add(family)

@@ -30,7 +30,7 @@ from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
 from fear_assets.core.site import POOLS, load_site  # noqa: E402
 from fear_assets.defs import main as main_job  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
-from fear_assets.defs.instance import apply_pools  # noqa: E402
+from fear_assets.defs.instance import apply_pools, check_evaluations  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
 from fear_assets.registration.issue import issue_record  # noqa: E402
@@ -154,11 +154,9 @@ def _materialised(instance, asset_key: dg.AssetKey, expected: list) -> int:
 def _check_state(instance, spec, expected: list, description: str) -> CheckState:
     wanted = {_key_str(k) for k in expected}
     latest: dict = {}
-    history = instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1000, status=main_job.COMPLETED)
-    for record in sorted(history, key=lambda r: -r.id):  # newest first: the latest evaluation per partition
-        partition = main_job.evaluated_partition(instance, record)
-        if partition in wanted and partition not in latest and record.event is not None:
-            latest[partition] = record.event.dagster_event.event_specific_data
+    for partition, evaluation in check_evaluations(instance, spec.key):  # newest first: the latest per partition
+        if partition in wanted and partition not in latest:
+            latest[partition] = evaluation
     failed = [e for e in latest.values() if not e.passed]
     if failed:
         state = "failed"

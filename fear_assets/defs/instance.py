@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
 from dagster._core.storage.root import LocalArtifactStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
@@ -67,3 +68,24 @@ def apply_pools(instance, site: SiteConfig) -> dict[str, int]:
     for pool, slots in site.pools.items():
         instance.event_log_storage.set_concurrency_slots(pool, slots)
     return dict(site.pools)
+
+
+#: Check evaluations that ran to a result (not planned, not in progress).
+COMPLETED = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
+
+
+def evaluated_partition(instance, record) -> str | None:
+    """The partition a check evaluation ran on: Dagster records it on the evaluation only
+    sometimes, and always as the run's partition tag."""
+    if record.partition is not None:
+        return record.partition
+    run = instance.get_run_by_id(record.run_id) if record.run_id else None
+    return run.tags.get("dagster/partition") if run is not None else None
+
+
+def check_evaluations(instance, check_key, limit: int = 1000) -> list[tuple[str | None, object]]:
+    """The completed evaluations of ``check_key`` (the latest ``limit``), newest first, each with
+    the partition it ran on: what ``fear run``, ``fear status`` and the automation read."""
+    history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=limit, status=COMPLETED)
+    return [(evaluated_partition(instance, r), r.event.dagster_event.event_specific_data)
+            for r in sorted(history, key=lambda r: -r.id) if r.event is not None]

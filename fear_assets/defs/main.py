@@ -37,10 +37,10 @@ if __name__ == "__main__":  # before the imports below: --help answers at once, 
     capture_warnings()
 
 import dagster as dg  # noqa: E402 (after the warning capture above)
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus  # noqa: E402
 
 from fear_assets.defs.automation import failure_text  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
+from fear_assets.defs.instance import check_evaluations  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
@@ -56,7 +56,6 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
 #: The registered inputs a run was built from (``inputs_tags``).
 CODE_TAG, SETTINGS_TAG, BANK_TAG = "fear/code_sha256", "fear/settings_sha256", "fear/bank_sha256"
-COMPLETED = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
 #: The error Dagster fails a step with when one of its blocking checks fails.
 CHECK_FAILED = "DagsterAssetCheckFailedError"
 
@@ -144,22 +143,9 @@ def inputs_tags(protocol: ProtocolResource) -> dict[str, str]:
     return {CODE_TAG: analysis_code_sha256(), SETTINGS_TAG: protocol.settings().sha256, BANK_TAG: protocol.bank().sha256}
 
 
-def evaluated_partition(instance, record) -> str | None:
-    """The partition a check evaluation ran on: Dagster records it on the evaluation only
-    sometimes, and always as the run's partition tag."""
-    if record.partition is not None:
-        return record.partition
-    run = instance.get_run_by_id(record.run_id)
-    return run.tags.get("dagster/partition") if run is not None else None
-
-
 def latest_evaluation(instance, check_key, partition: str | None):
     """The newest completed evaluation of ``check_key`` on ``partition`` (None: never run)."""
-    history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=1000, status=COMPLETED)
-    for record in sorted(history, key=lambda r: -r.id):
-        if evaluated_partition(instance, record) == partition and record.event is not None:
-            return record.event.dagster_event.event_specific_data
-    return None
+    return next((e for p, e in check_evaluations(instance, check_key) if p == partition), None)
 
 
 def kept_partitions(defs, instance, family: str, inputs: dict[str, str]):
