@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
@@ -25,3 +27,18 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
     except ProcessLookupError:
         pass
     proc.wait(timeout=10)
+
+
+def wait_while_alive(what: str, until, timeout: float, daemon: subprocess.Popen, log: Path, poll: float = 0.2):
+    """``until()``'s first true value, polled every ``poll`` s; fails with the daemon's log if
+    the daemon exits first or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = until()
+        if got:
+            return got
+        if daemon.poll() is not None:
+            raise AssertionError(f"dagster-daemon exited ({daemon.returncode}): {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s; daemon log: {log.read_text()[-3000:]}")
+        time.sleep(poll)

@@ -28,7 +28,7 @@ from fear_assets.defs.definitions import build_definitions
 from fear_assets.defs.resources.store import DUCKDB_ENV
 
 from fear_assets_tests.conftest import EMBEDDED
-from fear_assets_tests.processes import stop_group
+from fear_assets_tests.processes import stop_group, wait_while_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The daemon loads the code location (a code server) before its first evaluation.
@@ -60,19 +60,6 @@ def _daemon(workspace: Path, env: dict, log_path: Path):
         stop_group(daemon)
 
 
-def _wait(what: str, until, timeout: float, daemon: subprocess.Popen, log: Path, poll: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = until()
-        if got:
-            return got
-        if daemon.poll() is not None:
-            raise AssertionError(f"dagster-daemon exited ({daemon.returncode}): {log.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s; daemon log: {log.read_text()[-3000:]}")
-        time.sleep(poll)
-
-
 def test_with_automation_on_the_familys_stimuli_lead_the_daemon_to_its_pilot(tmp_path, monkeypatch):
     home, db = tmp_path / "home", tmp_path / "store.duckdb"
     home.mkdir()
@@ -88,7 +75,7 @@ def test_with_automation_on_the_familys_stimuli_lead_the_daemon_to_its_pilot(tmp
     log = tmp_path / "daemon.log"
     with _daemon(workspace, {**os.environ, **env}, log) as daemon:
         # The first evaluation sees nothing materialised: the stimuli below are what it reacts to.
-        _wait("the automation sensor's first tick", lambda: any(t in log.read_text() for t in FIRST_TICK), FIRST_TICK_S, daemon, log)
+        wait_while_alive("the automation sensor's first tick", lambda: any(t in log.read_text() for t in FIRST_TICK), FIRST_TICK_S, daemon, log, poll=1.0)
         assert not instance.get_runs()
         stimuli = build_definitions(str(db))  # this process: no automation, only the launch a lab makes
         started = time.time()
@@ -112,7 +99,7 @@ def test_with_automation_on_the_familys_stimuli_lead_the_daemon_to_its_pilot(tmp
             selected = {k.to_user_string() for r in runs for k in (r.asset_selection or ())}
             return runs if {"model_manifest", "pilot_trial_table", "assignment_key"} <= selected else None
 
-        runs = _wait("runs of the pilot launched by the automation", pilot_runs, LAUNCH_S, daemon, log)
+        runs = wait_while_alive("runs of the pilot launched by the automation", pilot_runs, LAUNCH_S, daemon, log, poll=1.0)
     for run in runs:
         assert run.tags.get(LAUNCHED_BY_TAG) == "automation"
         assert instance.get_run_record_by_id(run.run_id).create_timestamp.timestamp() >= started

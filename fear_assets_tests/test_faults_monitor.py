@@ -37,7 +37,7 @@ from fear_assets.defs.resources.store import SCHEMA
 from fear_assets_tests import fault_scoring
 from fear_assets_tests.conftest import EMBEDDED
 from fear_assets_tests.faults import record
-from fear_assets_tests.processes import stop_group
+from fear_assets_tests.processes import stop_group, wait_while_alive
 
 pytestmark = pytest.mark.faults
 
@@ -152,19 +152,6 @@ def _gpu_holders(instance) -> set[str]:
     return {slot.run_id for slot in info.claimed_slots}
 
 
-def _wait(what: str, until, timeout: float, daemon: subprocess.Popen, log: Path, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = until()
-        if got:
-            return got
-        if daemon.poll() is not None:
-            raise AssertionError(f"dagster-daemon exited ({daemon.returncode}): {log.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s; daemon log: {log.read_text()[-3000:]}")
-        time.sleep(poll)
-
-
 @pytest.mark.parametrize("config", ["embedded", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_kill_9_of_a_scoring_run_frees_the_gpu_slot_and_the_queued_rerun_resumes(config, scoring_job, tmp_path,
                                                                                  request, monkeypatch):
@@ -192,7 +179,7 @@ def test_kill_9_of_a_scoring_run_frees_the_gpu_slot_and_the_queued_rerun_resumes
     with _daemon(tmp_path, env, log) as daemon:
         _launched(_launch(tmp_path, env, first, PAUSE_S))
         # The step holds the gpu slot and has finished CHUNKS_BEFORE_KILL chunks (then pauses).
-        _wait("first run scoring", lambda: len(list(chunks.glob("chunk-*.parquet"))) >= CHUNKS_BEFORE_KILL
+        wait_while_alive("first run scoring", lambda: len(list(chunks.glob("chunk-*.parquet"))) >= CHUNKS_BEFORE_KILL
               and first in _gpu_holders(instance), 300, daemon, log)
         pid = _worker_pid(instance, first)
         assert pid, "no run worker pid in the first run's event log"
@@ -203,15 +190,15 @@ def test_kill_9_of_a_scoring_run_frees_the_gpu_slot_and_the_queued_rerun_resumes
         # while the clocks below run).
         relaunch = _launch(tmp_path, env, rerun, 0)
         try:
-            failed = _wait("killed run marked failed", lambda: instance.get_run_by_id(first).status
+            failed = wait_while_alive("killed run marked failed", lambda: instance.get_run_by_id(first).status
                            == DagsterRunStatus.FAILURE and time.monotonic(), BOUND_S, daemon, log)
-            freed = _wait("killed run's gpu slot freed", lambda: first not in _gpu_holders(instance)
+            freed = wait_while_alive("killed run's gpu slot freed", lambda: first not in _gpu_holders(instance)
                           and time.monotonic(), BOUND_S, daemon, log)
         except BaseException:
             relaunch.kill()  # not left behind when the test fails
             raise
         _launched(relaunch)
-        _wait("rerun finished", lambda: instance.get_run_by_id(rerun).status in
+        wait_while_alive("rerun finished", lambda: instance.get_run_by_id(rerun).status in
                      (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED), 300, daemon, log)
         rerun_status = instance.get_run_by_id(rerun).status
         holders_after = _gpu_holders(instance)
