@@ -50,3 +50,14 @@ def test_rates_percentages_intervals_and_text():
     assert interval(-1.396, 1.527) == "[-1.396, 1.527]"
     assert number("unresolved") == "unresolved"
     assert number(math.inf) == "inf"
+
+
+def test_a_table_is_formatted_by_column_quantity_with_no_python_reprs():
+    from fear_assets.core.numbers import markdown_table
+    table = pd.DataFrame({"contrast": ["H1", "H2"], "mean": [0.04, 0.293], "ess": [492.036, 1200.4],
+                          "converged": [True, False], "n": [3, 4], "p": [np.nan, 0.0004]})
+    text = markdown_table(table, {"ess": "ess", "p": "p"})
+    for cell in ("0.040", "0.293", "492", "1,200", "yes", "no", "n/a", "<0.001"):
+        assert cell in text
+    for repr_ in ("True", "False", "nan", "492.036"):
+        assert repr_ not in text

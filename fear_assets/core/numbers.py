@@ -80,3 +80,22 @@ def number(x: object, quantity: Quantity = "estimate") -> str:
 def interval(low: object, high: object, quantity: Quantity = "estimate") -> str:
     """An interval as ``[low, high]``."""
     return f"[{number(low, quantity)}, {number(high, quantity)}]"
+
+
+def formatted(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> pd.DataFrame:
+    """``table`` with every cell written by :func:`number` (a column's quantity from
+    ``quantities``, else an estimate; integer columns as counts), as text ready for a
+    Markdown, HTML or Dagster table."""
+    quantities = quantities or {}
+    out = {}
+    for column in table.columns:
+        series = table[column]
+        quantity = quantities.get(column, "count" if pd.api.types.is_integer_dtype(series.dtype)
+                                  and not pd.api.types.is_bool_dtype(series.dtype) else "estimate")
+        out[column] = [number(x, quantity) for x in series]
+    return pd.DataFrame(out, index=table.index, columns=table.columns)
+
+
+def markdown_table(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> str:
+    """A Markdown table of :func:`formatted` cells (no index; text kept as written)."""
+    return formatted(table, quantities).to_markdown(index=False, disable_numparse=True)
