@@ -2,13 +2,11 @@
 
 import hashlib
 
-import pandas as pd
 import pytest
 
 from fear_assets.design.documents import DocumentBuilder
 from fear_assets.stimuli.roles import count_mentions, role_names
 from fear_assets.design.table import build_trial_table
-from fear_assets.design.trials import build_grid
 
 from fear_assets_tests.conftest import EMBEDDED, PRIMARY
 

@@ -65,7 +65,7 @@ def test_gate_c_hdi_covers_the_truth_when_the_tested_h2_varies_by_frame(settings
 
 
 # --- the power simulation generates the judge and control blocks with their own deviations --
-def _estimates(sigma: float) -> "PilotEstimates":
+def _estimates(sigma: float):
     from fear_assets.simulation.generator import PilotEstimates
 
     return PilotEstimates(-0.3, {"depth[d1]": 0.02}, (0.15, 0.05, 0.05, 0.08, 0.03, 0.03),

@@ -57,6 +57,9 @@ def test_relative_checkpoint_paths_are_read_from_the_site_files_directory(tmp_pa
     ("automation: yes please\n", "automation", "true"),
     ("retries: -1\n", "retries", "at least 0"),
     ("checkpoints: [a, b]\n", "checkpoints", "checkpoints: {"),
+    # The store's DuckDB path is a file, its Parquet root a directory: the fix says which.
+    ("store: {kind: duckdb, duckdb_path: 3}\n", "duckdb_path", "write the file as a string"),
+    ("store: {kind: parquet, parquet_root: 3}\n", "parquet_root", "write the directory as a string"),
 ])
 def test_a_bad_field_is_named_with_its_fix(tmp_path, text, field, fix):
     path = _write(tmp_path, text)

@@ -98,10 +98,10 @@ def _int(path: Path, where: str, key: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _dir(path: Path, where: str, key: str, value: Any) -> Path:
+def _dir(path: Path, where: str, key: str, value: Any, what: str = "directory") -> Path:
     if not isinstance(value, str) or not value.strip():
-        raise SiteError(path, where, key, f"expected a directory path, got {value!r}",
-                        "write the directory as a string (absolute, or relative to the site file)")
+        raise SiteError(path, where, key, f"expected a {what} path, got {value!r}",
+                        f"write the {what} as a string (absolute, or relative to the site file)")
     p = Path(value).expanduser()
     return p if p.is_absolute() else (path.parent / p).resolve()
 
@@ -151,7 +151,7 @@ def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
     if kind not in STORES:
         raise SiteError(path, "store", "kind", f"unknown store {kind!r}", f"write one of {', '.join(STORES)}")
     store = StoreSite(kind=kind,
-                      duckdb_path=_dir(path, "store", "duckdb_path", store_raw["duckdb_path"])
+                      duckdb_path=_dir(path, "store", "duckdb_path", store_raw["duckdb_path"], "file")
                       if store_raw.get("duckdb_path") is not None else None,
                       parquet_root=_dir(path, "store", "parquet_root", store_raw["parquet_root"])
                       if store_raw.get("parquet_root") is not None else None)
