@@ -19,7 +19,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from fear_assets.core.numbers import is_missing, number, yes_no
+from fear_assets.core.numbers import is_missing, markdown_table, number, yes_no
 from fear_assets.defs.metadata import partition_metadata
 from fear_assets.defs.partitions import FAMILY
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -100,3 +100,17 @@ def table_metadata(rows: pd.DataFrame) -> dg.MetadataValue:
     schema = dg.TableSchema(columns=[dg.TableColumn(str(c), "string") for c in rows.columns])
     records = [dg.TableRecord({str(k): str(v) for k, v in r.items()}) for r in rows.to_dict("records")]
     return dg.MetadataValue.table(records=records, schema=schema)
+
+
+def md_table(table: pd.DataFrame, quantities: Mapping[str, Any] | None = None, index: bool = False,
+             empty: str = "none") -> dg.MetadataValue:
+    """A Markdown table of ``core.numbers.markdown_table`` cells (``index``: the table's index
+    as its first columns); ``empty`` where it has no rows."""
+    if not len(table):
+        return dg.MetadataValue.md(empty)
+    if index:
+        table = table.reset_index()
+    # A column of a grouped table is a tuple of levels: written as its words, never a tuple.
+    table = table.set_axis([" ".join(str(x) for x in c if str(x)) if isinstance(c, tuple) else
+                            ("" if str(c) == "index" else str(c)) for c in table.columns], axis=1)
+    return dg.MetadataValue.md(markdown_table(table, quantities))
