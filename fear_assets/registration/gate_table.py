@@ -35,8 +35,8 @@ FIXES: Mapping[str, str] = {
     "scorer_agreement": "revise the keyword rule on pilot data and rescore (report_scoring) before "
                         "registration (4.5)",
     "probe rules": "materialise pilot_probe_outputs for the family, then registration_record (6.1, 6.3)",
-    "positive_controls": "strengthen the failing controls' manipulations once in the pilot, re-run "
-                         "pilot_controls and registration_record (4.6); a control still failing is not run",
+    "positive_controls": "strengthen the failing controls' manipulations (4.6 allows this once, before "
+                         "registration), then re-run pilot_control_scores, pilot_controls and registration_record",
     "frame_selection": "run the new frames through the pilot gates, then registration_record (4.3)",
 }
 #: The power gate's fix depends on why it failed (``registration.gates.power_gate``).
