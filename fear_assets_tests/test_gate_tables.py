@@ -212,3 +212,19 @@ def test_resume_progress_is_one_row_per_reader():
     assert list(table["reader"]) == ["tested", "judge"]
     assert table.iloc[0].to_dict() == {"reader": "tested", "documents": "1,300", "documents/s": "2.500",
                                        "ETA s": "n/a"}
+
+
+def test_the_power_check_counts_targets_not_computable_as_the_record_does(tmp_path):
+    """The demo's power summary: 6 met, 4 missed, 9 not computable. The check's numbers add up
+    to its 19 targets and agree with the record's power row."""
+    from fear_assets.defs.assets.registration.power import power_targets_met
+
+    met = pd.array([True] * 6 + [False] * 4 + [None] * 9, dtype="boolean")
+    table = pd.DataFrame({"target": [f"t{i}" for i in range(19)], "frames": 5, "met": met, "demo": True,
+                          "family": EMBEDDED})
+    result = power_targets_met(None, protocol=ProtocolResource(registration_dir=str(tmp_path)), power_summary=table)
+    assert not result.passed
+    meta = {k: getattr(v, "value", v) for k, v in result.metadata.items()}
+    assert (meta["targets met"], meta["targets missed"], meta["targets not computable"]) == (6, 4, 9)
+    assert result.description.startswith(f"{EMBEDDED}: targets: 4 missed and 9 not computable of 19")
+    assert meta["demo (not registered)"] == "yes" and not REPRS.search(result.description)

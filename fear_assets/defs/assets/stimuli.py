@@ -37,7 +37,7 @@ def frame_bank(context: dg.AssetExecutionContext, protocol: ProtocolResource) ->
             "settings_sha256": settings.sha256,
             "frames": len(bank.frames),
             "events": len(bank.events),
-            "items by fear and set": dg.MetadataValue.md(result.counts.to_markdown(index=False)),
+            "items by fear and set": md_table(result.counts),
             "canonical frames (Appendix A)": dg.MetadataValue.md(result.appendix_a),
         },
     )
