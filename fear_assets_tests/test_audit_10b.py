@@ -235,7 +235,8 @@ def test_audit_power_gate_not_run_is_flagged_and_blocks_registration(tmp_path):
     assert registration_status("pilot", ["power (6.3)"]) == "draft"
     check = registration_gates(None, protocol=ProtocolResource(), registration_record=pd.DataFrame([{"gate": "power (6.3)", "passed": False,
                                                                   "numbers": "{}", "message": gate["message"]}]))
-    assert not check.passed and "power_summary" in check.description
+    fix = check.metadata["gate table"].value.records[0].data["fix"]
+    assert not check.passed and "power (6.3)" in check.description and "power_summary" in fix
     # A registered record is never replaced by a refused one.
     write_family_record(tmp_path, _record(status="registered", mode="confirmatory",
                                           power=REGISTERED_POWER | {"gates_underpowered": False}), confirmatory=True)

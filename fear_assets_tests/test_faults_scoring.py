@@ -317,10 +317,13 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
         resumed = [e for e in run() if isinstance(e, dg.Output)][0]
         assert not chunk_dir.parent.exists()  # discarded once the output was handed over
         whole = [e for e in run() if isinstance(e, dg.Output)][0]
-    meta = resumed.metadata["resumed scoring (per reader)"].value["tested"]
-    assert meta["documents"] == 13 and meta["documents reused from finished chunks"] == 6
-    assert meta["documents scored in this run"] == 7 and meta["chunks reused"] == 2
-    assert whole.metadata["resumed scoring (per reader)"].value["tested"]["documents reused from finished chunks"] == 0
+    def per_reader(output, reader="tested"):  # one table row per reader
+        return next(r.data for r in output.metadata["resumed scoring (per reader)"].records if r.data["reader"] == reader)
+
+    meta = per_reader(resumed)
+    assert meta["documents"] == "13" and meta["documents reused from finished chunks"] == "6"
+    assert meta["documents scored in this run"] == "7" and meta["chunks reused"] == "2"
+    assert per_reader(whole)["documents reused from finished chunks"] == "0"
     pd.testing.assert_frame_equal(resumed.value, whole.value)
 
 

@@ -182,7 +182,7 @@ def test_registration_record_is_written_as_json_and_markdown_and_compared(tmp_pa
     path = write_family_record(tmp_path, _record(), confirmatory=False)
     assert json.loads(path.read_text())["failed_gates"] == ["binding (4.2)"]
     md = (tmp_path / "fam" / "registration_record.md").read_text()
-    assert "binding (4.2) | **no** | in-context 35/40" in md
+    assert "| binding (4.2) | **failed** | in-context: 35/40 | below 90% |" in md
     stored = read_family_record(tmp_path, "fam")
     assert frozen_differences(stored, {"bank_sha256": "b" * 64}) == []
     diffs = frozen_differences(stored, {"bank_sha256": "e" * 64, "analysis_code_sha256": "d" * 64})
@@ -204,14 +204,18 @@ def test_a_registered_record_is_never_overwritten_with_other_frozen_values(tmp_p
 def test_markdown_lists_every_gate():
     md = markdown(_record(gates={"a": {"passed": True, "numbers": {}, "message": "ok"},
                                  "b": {"passed": False, "numbers": {"x": 1}, "message": "bad"}}))
-    assert "| a | yes |" in md and "| b | **no** | x 1 | bad |" in md and "Failed gates: b." in md
+    assert "| a | passed | none | ok | none |" in md and "| b | **failed** | x: 1 | bad |" in md
+    assert "Failed gates: b." in md
 
 
 def test_registration_gates_check_lists_the_failing_gates():
     table = pd.DataFrame([{"gate": "binding (4.2)", "passed": False, "numbers": "{}", "message": "below 90%"},
                           {"gate": "name_gate (4.2)", "passed": True, "numbers": "{}", "message": "ok"}])
     result = registration_gates(None, protocol=ProtocolResource(), registration_record=table)
-    assert not result.passed and "binding (4.2): below 90%" in result.description
+    # A short description naming the failed gates; each gate's numbers and fix are in its row.
+    assert not result.passed and result.description == "1 of 2 gates failed: binding (4.2)"
+    rows = {r.data["gate"]: r.data for r in result.metadata["gate table"].value.records}
+    assert rows["binding (4.2)"]["outcome"] == "failed" and rows["name_gate (4.2)"]["fix"] == "none"
     assert registration_gates(None, protocol=ProtocolResource(), registration_record=table.assign(passed=True)).passed
 
 

@@ -293,7 +293,8 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     key = dg.MultiPartitionKey({"family": "smollm2-135m", "batch": demo[0]})
     context = dg.build_asset_context(partition_key=key)
     result = power_simulation(context, protocol=protocol, power_pilot_estimates=est)
-    assert result.metadata["resumed"] is True or result.metadata["resumed"].value is True
+    resumed = result.metadata["resumed"]
+    assert getattr(resumed, "value", resumed) == "yes"  # a flag reads yes/no
     wrong = dg.build_asset_context(partition_key=dg.MultiPartitionKey({"family": "smollm2-135m", "batch": keys[0]}),
                                    )
     with pytest.raises(ValueError, match="not part of family smollm2-135m"):

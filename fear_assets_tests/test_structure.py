@@ -183,8 +183,9 @@ def test_asset_modules_are_thin():
 def test_numbers_read_sensibly():
     from fear_assets.defs.assets.steps import readable
 
-    assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.01" and readable(0.0001234) == "1.2e-4"
-    assert readable(float("nan")) == "" and readable(400) == "400" and readable(True) == "True"
+    # core.numbers' format: fixed decimals, exponent form when huge or tiny, n/a and yes/no.
+    assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.010" and readable(0.0001234) == "1.2e-4"
+    assert readable(float("nan")) == "n/a" and readable(400) == "400" and readable(True) == "yes"
 
 
 def test_metadata_tables_keep_the_readable_numbers():

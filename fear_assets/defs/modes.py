@@ -12,8 +12,15 @@ honestly which gates it fails.
 
 from __future__ import annotations
 
-import dagster as dg
+from collections.abc import Mapping
+from typing import Any
 
+import dagster as dg
+import numpy as np
+import pandas as pd
+
+from fear_assets.core.numbers import is_missing, markdown_table, number, yes_no
+from fear_assets.defs.metadata import partition_metadata
 from fear_assets.defs.partitions import FAMILY
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration.issue import PILOT, gate_blocks
@@ -40,3 +47,70 @@ def gate_severity(protocol: ProtocolResource, context: dg.AssetCheckExecutionCon
     family = check_family(context, table)
     mode = protocol.mode(family) if family is not None else PILOT
     return dg.AssetCheckSeverity.ERROR if gate_blocks(mode, stops) else dg.AssetCheckSeverity.WARN
+
+
+def family_metadata(context, table=None) -> dict[str, str]:
+    """The family and partition a check or asset ran for, as its first metadata entries (a
+    check invoked directly names the checked table's family): with several families a failed
+    gate's page says whose gate it is."""
+    meta = dict(partition_metadata(context))
+    family = check_family(context, table) if "family" not in meta else meta["family"]
+    return {"family": family, **meta} if family is not None else meta
+
+
+def readable_value(value: Any) -> Any:
+    """A metadata value as a researcher reads it: flags as yes/no, a missing value as n/a,
+    a float through ``core.numbers``, a mapping or list as ``key value`` text; Dagster
+    metadata values, whole numbers and texts unchanged."""
+    if isinstance(value, dg.MetadataValue):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return yes_no(value)
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {readable_value(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(readable_value(v)) for v in value) or "none"
+    if is_missing(value):
+        return "n/a"
+    if isinstance(value, (float, np.floating)):
+        return number(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def named_metadata(context, metadata: Mapping[str, Any], table=None) -> dict[str, Any]:
+    """``metadata`` led by the family and partition, every value readable (:func:`readable_value`)."""
+    return {**family_metadata(context, table), **{k: readable_value(v) for k, v in metadata.items()}}
+
+
+def gate_result(context, table=None, *, passed: bool, description: str, metadata: Mapping[str, Any] | None = None,
+                **kwargs) -> dg.AssetCheckResult:
+    """A check's result that names its family: the description starts with it and the
+    metadata leads with the family and partition (:func:`named_metadata`)."""
+    family = family_metadata(context, table).get("family")
+    text = f"{family}: {description}" if family and not description.startswith(f"{family}:") else description
+    return dg.AssetCheckResult(passed=passed, description=text,
+                               metadata=named_metadata(context, metadata or {}, table), **kwargs)
+
+
+def table_metadata(rows: pd.DataFrame) -> dg.MetadataValue:
+    """A table of text cells (``core.numbers.formatted`` or a stage's presentation rows) as a
+    Dagster table, every column a string column."""
+    schema = dg.TableSchema(columns=[dg.TableColumn(str(c), "string") for c in rows.columns])
+    records = [dg.TableRecord({str(k): str(v) for k, v in r.items()}) for r in rows.to_dict("records")]
+    return dg.MetadataValue.table(records=records, schema=schema)
+
+
+def md_table(table: pd.DataFrame, quantities: Mapping[str, Any] | None = None, index: bool = False,
+             empty: str = "none") -> dg.MetadataValue:
+    """A Markdown table of ``core.numbers.markdown_table`` cells (``index``: the table's index
+    as its first columns); ``empty`` where it has no rows."""
+    if not len(table):
+        return dg.MetadataValue.md(empty)
+    if index:
+        table = table.reset_index()
+    # A column of a grouped table is a tuple of levels: written as its words, never a tuple.
+    table = table.set_axis([" ".join(str(x) for x in c if str(x)) if isinstance(c, tuple) else
+                            ("" if str(c) == "index" else str(c)) for c in table.columns], axis=1)
+    return dg.MetadataValue.md(markdown_table(table, quantities))

@@ -49,6 +49,24 @@ def registered_power_result(power: Mapping[str, Any] | None) -> bool:
     return bool(power) and not power.get("demo", False) and power.get("status") == "complete"
 
 
+def power_numbers(power: Mapping[str, Any]) -> dict[str, Any]:
+    """The power gate's numbers, worded so that they agree with its outcome: which simulation
+    the stored result is, how its targets fared, and the underpowered gates only where the
+    result is the registered one (a demo or partial result decides nothing, 6.3)."""
+    targets = power.get("targets") or []
+    met = [t.get("met") for t in targets if isinstance(t, Mapping)]
+    decides = registered_power_result(power)
+    return {
+        "simulation": "registered" if not power.get("demo", False) else
+        "reduced demo, not the registered one (2,000 datasets per scenario)",
+        "status": str(power.get("status")).split(":")[0],
+        "targets met": sum(m is True for m in met), "targets missed": sum(m is False for m in met),
+        "targets not computable": sum(m is None for m in met),
+        "underpowered gates": ("yes" if power.get("gates_underpowered") else "none") if decides else
+        "not decided (only the registered, complete simulation decides)",
+    }
+
+
 def power_gate(power: Mapping[str, Any] | None, family: str) -> dict:
     """The power gate (6.3, Appendix C step 3) as a registration gate: it passes once the
     registered simulation's complete result (``power_summary``) is in the record; its
@@ -56,12 +74,11 @@ def power_gate(power: Mapping[str, Any] | None, family: str) -> dict:
     A shortfall traced to the positive controls fails it: 6.3 has their manipulations
     strengthened once in the pilot, and a configuration still short is not run."""
     if power is None:
-        return {"passed": False, "numbers": {"power result": "none"},
+        return {"passed": False, "numbers": {"power result": "none stored"},
                 "message": f"the power simulation (6.3, Appendix C step 3) has not run for {family}: materialise "
                            f"power_summary for {family}, then registration_record; confirmatory mode does not "
                            "register without it, and every reading carries power_gate_not_run until then"}
-    numbers = {"status": power.get("status"), "demo": bool(power.get("demo", False)),
-               "gates underpowered": power.get("gates_underpowered")}
+    numbers = power_numbers(power)
     if power.get("demo", False):
         return {"passed": False, "numbers": numbers,
                 "message": f"the stored power result for {family} is the reduced demo simulation, not the "

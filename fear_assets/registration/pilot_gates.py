@@ -16,6 +16,7 @@ import pandas as pd
 from fear_assets.stimuli.name_gate import selected_names
 from fear_assets.pilot.matching import final_bank_matching, matching_problems, select_frames
 from fear_assets.pilot.zero_preference import content_slot_rewrites, rewrite_message
+from fear_assets.registration.gate_table import gate_fix
 from fear_assets.registration.gates import binding_outcomes, power_gate
 from fear_assets.core.sections import Matching
 
@@ -81,10 +82,15 @@ def probe_rules_gate(probe_controls: pd.DataFrame) -> dict:
     ran, since then the pilot has not established what 6.3 asks of it."""
     h4 = h4_pilot_declarations(probe_controls)
     if not h4["ran"]:
-        return {"passed": False, "numbers": {"interpretable": "n/a", "estimation-only (ceiling)": "n/a"},
-                "message": h4["message"]}
+        return {"passed": False, "numbers": {"pilot probe": "not run"}, "message": h4["message"]}
+    # The two rules are declarations carried to H4's row, so the numbers say so: a "no" beside
+    # a passed gate is not a contradiction once it reads as what it declares.
     return {"passed": True,
-            "numbers": {"interpretable": h4["interpretable"], "estimation-only (ceiling)": h4["estimation_only"]},
+            "numbers": {"pilot probe": "ran",
+                        "H4 interpretable (controls at chance)": "yes" if h4["interpretable"] else
+                        "no (declared uninterpretable, carried to H4's row)",
+                        "H4 estimation-only (ceiling)": "yes (declared, carried to H4's row)"
+                        if h4["estimation_only"] else "no"},
             "message": h4["message"]}
 
 
@@ -131,6 +137,7 @@ def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, matching_
 
 
 def gates_table(gates: Mapping[str, dict], family: str) -> pd.DataFrame:
-    """One row per gate (the ``registration_record`` table)."""
+    """One row per gate (the ``registration_record`` table), with what to do next for it."""
     return pd.DataFrame([{"family": family, "gate": n, "passed": g["passed"], "numbers": json.dumps(g["numbers"]),
-                          "message": g["message"]} for n, g in gates.items()])
+                          "message": g["message"], "fix": gate_fix(n, bool(g["passed"]), g["message"])}
+                         for n, g in gates.items()])

@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 from fear_assets.core.errors import FreezeError
 from fear_assets.core.hashing import sha256_file, sha256_obj
+from fear_assets.core.numbers import yes_no
+from fear_assets.registration.gate_table import gate_rows
 from fear_assets.registration.gates import registered_power_result
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -153,11 +155,12 @@ def markdown(record: Mapping[str, Any]) -> str:
               f"- Confirmatory frames ({len(record['selected_frames'])}): {', '.join(record['selected_frames'])}"]
     if record.get("replacements"):
         lines.append(f"- Replacements: {', '.join(f'{k} -> {v}' for k, v in record['replacements'].items())}")
-    lines += ["", "## Gates", "", "| gate | passed | numbers | what it means / what to do |", "|---|---|---|---|"]
-    for name, gate in record["gates"].items():
-        numbers = ", ".join(f"{k} {v}" for k, v in gate.get("numbers", {}).items())
-        lines.append(f"| {name} | {'yes' if gate['passed'] else '**no**'} | {numbers} | "
-                     f"{gate['message'].replace('|', '/')} |")
+    lines += ["", "## Gates", "", "| gate | outcome | numbers | finding | fix |", "|---|---|---|---|---|"]
+    for row, gate in zip(gate_rows(record["gates"]).itertuples(), record["gates"].values()):
+        outcome = row.outcome if gate["passed"] else f"**{row.outcome}**"
+        cells = [str(c).replace("|", "/").replace("\n", " ") for c in
+                 (row.gate, outcome, row.numbers, gate["message"], row.fix)]
+        lines.append("| " + " | ".join(cells) + " |")
     failed = [n for n, g in record["gates"].items() if not g["passed"]]
     lines += ["", f"Failed gates: {', '.join(failed) if failed else 'none'}."]
     carried = []
@@ -169,7 +172,7 @@ def markdown(record: Mapping[str, Any]) -> str:
     if "power" in record:
         power = record["power"]
         carried.append("- Power simulation (6.3): " + (
-            f"gates underpowered: {power['gates_underpowered']}" if registered_power_result(power) else
+            f"gates underpowered: {yes_no(power['gates_underpowered'])}" if registered_power_result(power) else
             "**not run**: every reading carries `power_gate_not_run`"
             + ("" if power is None else " (the stored result is a reduced demo or incomplete)")))
     if carried:
@@ -208,7 +211,8 @@ def power_markdown(power: Mapping[str, Any] | None) -> list[str]:
         lines += [f"**{power['note']}**", ""]
     lines += [f"- Status: {power['status']}; frames: {power['frames']} (simulated: {power['frames_simulated']})",
               f"- Estimation-only: {', '.join(power['estimation_only']) or 'none'}; joint shortfall source: "
-              f"{power['joint_shortfall_source']}; gates underpowered: {power['gates_underpowered']}",
+              f"{power['joint_shortfall_source'] or 'none'}; gates underpowered: "
+              f"{yes_no(power['gates_underpowered']) if registered_power_result(power) else 'not decided (demo or incomplete)'}",
               f"- Fits: {power['fits']}, of which {power['fits_missing_convergence_rule']} miss the convergence rule "
               "(kept; rates without them are in the label frequencies)",
               f"- Not simulated: {'; '.join(f'{k}: {v}' for k, v in power['not_simulated'].items()) or 'none'}",

@@ -14,6 +14,7 @@ from fear_assets.design.accounting import accounting_verdict, close_accounting
 from fear_assets.design.scored import scored_rows
 from fear_assets.defs.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, all_depths_of_family, family_depth_partitions,
                                     family_of_partition, family_partitions, partition_parts)
+from fear_assets.defs.modes import gate_result, md_table, named_metadata
 from fear_assets.registration.record import replacements_of
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -62,9 +63,10 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
         return
     table = scored_rows(settings, family_key, confirmatory_trial_table)
     if table.empty:
-        yield dg.Output(pd.DataFrame({"family": pd.Series(dtype=str), "depth": pd.Series(dtype=str)}), metadata={
-            "trials scored": 0, "note": "the design scores no confirmatory block here (reduced design): "
-                                        "the analysis reuses the pilot's scores"})
+        yield dg.Output(pd.DataFrame({"family": pd.Series(dtype=str), "depth": pd.Series(dtype=str)}),
+                        metadata=named_metadata(context, {
+                            "trials scored": 0, "note": "the design scores no confirmatory block here (reduced "
+                                                        "design): the analysis reuses the pilot's scores"}))
         return
     result, metadata = score_table(context, protocol, language_model, table, family_key, depth,
                                    f"{depth}_confirmatory", model_manifest)
@@ -84,22 +86,19 @@ def trial_accounting(context: dg.AssetExecutionContext, protocol: ProtocolResour
                               protocol.view(context.partition_key))
     table, trials = result.table, result.trials
     shown = table[table["status"] != "not applicable"]
-    return dg.Output(table, metadata={
+    return dg.Output(table, metadata=named_metadata(context, {
         "trials": len(trials), "pilot trials": len(pilot_trial_table),
         "confirmatory trials": len(confirmatory_trial_table),
         "depths present": ", ".join(sorted(set(trials["depth"]))) if len(trials) else "none",
         "blocks off formula": int((table["status"] == "MISMATCH").sum()),
-        "accounting": dg.MetadataValue.md(
-            shown[["block", "formula", "expected_rows", "actual_rows", "codes_off", "status"]].to_markdown(index=False)),
-    })
+        "accounting": md_table(shown[["block", "formula", "expected_rows", "actual_rows", "codes_off", "status"]]),
+    }))
 
 
 @dg.asset_check(asset=trial_accounting, blocking=True, description=(
     "D2 closed accounting: every block's rows and every cell's rows equal the registered "
     "formula at the depths materialised, and the blocks sum to the trial tables."))
-def accounting_closed(trial_accounting: pd.DataFrame) -> dg.AssetCheckResult:
+def accounting_closed(context: dg.AssetCheckExecutionContext, trial_accounting: pd.DataFrame) -> dg.AssetCheckResult:
     passed, description, bad = accounting_verdict(trial_accounting)
-    return dg.AssetCheckResult(
-        passed=passed, description=description,
-        metadata={"mismatches": dg.MetadataValue.md(bad.to_markdown(index=False) if len(bad) else "none")},
-    )
+    return gate_result(context, trial_accounting, passed=passed, description=description,
+                       metadata={"mismatches": md_table(bad)})

@@ -7,7 +7,9 @@ import os
 import dagster as dg
 import pandas as pd
 
+from fear_assets.core.numbers import number
 from fear_assets.defs.metadata import metadata_image
+from fear_assets.defs.modes import gate_result, md_table, named_metadata
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.core.registered import registered
 from fear_assets.probes.steps import at_chance_description, controls_off_chance, frame_set_probe
@@ -32,16 +34,23 @@ def probe_frame_set(context, settings, family_key: str, scores: pd.DataFrame, fr
     return result.outputs, result.controls
 
 
-def probe_metadata(outputs: pd.DataFrame, controls: pd.DataFrame) -> tuple[dict, dict]:
+#: Accuracies and their interval read as rates.
+ACCURACY = {"accuracy": "rate", "interval_low": "rate", "interval_high": "rate", "correct": "rate"}
+
+
+def probe_metadata(context, outputs: pd.DataFrame, controls: pd.DataFrame) -> tuple[dict, dict]:
+    """The metadata of a probe's outputs and controls, each naming the family and partition."""
     if outputs.empty:
-        return {"documents": 0, "note": "no probed documents in this design"}, {"controls": "none"}
+        return (named_metadata(context, {"documents": 0, "note": "no probed documents in this design"}),
+                named_metadata(context, {"controls": "none"}))
     shown = controls[["frame_set", "probe", "accuracy", "interval_low", "interval_high", "excludes_chance"]]
-    return ({"documents": len(outputs), "mean accuracy": round(float(outputs["correct"].mean()), 4),
-             "probe accuracy by depth with controls (plot)": metadata_image(
-                 report_plots.probe_accuracy_plot(outputs, controls), "probe accuracy by depth with its controls"),
-             "accuracy by depth": dg.MetadataValue.md(outputs.groupby(["frame_set", "depth_index"])["correct"].mean()
-                                                      .round(3).to_frame().to_markdown())},
-            {"controls": dg.MetadataValue.md(shown.round(4).to_markdown(index=False))})
+    by_depth = outputs.groupby(["frame_set", "depth_index"])["correct"].mean().to_frame()
+    return (named_metadata(context, {
+                "documents": len(outputs), "mean accuracy": number(outputs["correct"].mean(), "rate"),
+                "probe accuracy by depth with controls (plot)": metadata_image(
+                    report_plots.probe_accuracy_plot(outputs, controls), "probe accuracy by depth with its controls"),
+                "accuracy by depth": md_table(by_depth, ACCURACY, index=True)}),
+            named_metadata(context, {"controls": md_table(shown, ACCURACY)}))
 
 
 @dg.multi_asset(
@@ -59,7 +68,7 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, confir
     out, ctrl = probe_frame_set(context, protocol.settings(), family_key, confirmatory_scores, "confirmatory")
     outputs = out if out is not None else pd.DataFrame({"family": pd.Series(dtype=str)})
     controls = ctrl if ctrl is not None else pd.DataFrame({"family": pd.Series(dtype=str)})
-    meta_out, meta_ctrl = probe_metadata(outputs, controls)
+    meta_out, meta_ctrl = probe_metadata(context, outputs, controls)
     yield dg.Output(outputs, output_name="probe_outputs", metadata=meta_out)
     yield dg.Output(controls, output_name="probe_controls", metadata=meta_ctrl)
 
@@ -68,23 +77,23 @@ def probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, confir
 AT_CHANCE_DOC = at_chance_description(DEFINITION_SETTINGS)
 
 
-def at_chance(controls: pd.DataFrame) -> dg.AssetCheckResult:
+def at_chance(controls: pd.DataFrame, context=None) -> dg.AssetCheckResult:
     """The 6.1 control-probe check on one probe_controls table. A failure is a warning: it
     declares H4 uninterpretable (a flag on H4's row), and H4 never changes the reading (6.2),
     so it must not stop H2, H5 or the reading."""
     if controls.empty:
-        return dg.AssetCheckResult(passed=True, description="no probe ran in this design: nothing to check")
+        return gate_result(context, controls, passed=True, description="no probe ran in this design: nothing to check")
     bad = controls_off_chance(controls)
-    return dg.AssetCheckResult(
-        passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
+    return gate_result(
+        context, controls, passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
         description="all control probes at chance" if bad.empty else
         "H4 is uninterpretable: these controls decode above or below chance: "
         + ", ".join(f"{r.frame_set}/{r.probe} ({r.accuracy:.3f})" for r in bad.itertuples())
         + ". Next: look for a confound in the listed factor (frame, order, depth) before collection",
-        metadata={"controls": dg.MetadataValue.md(controls[["frame_set", "probe", "accuracy", "interval_low",
-                                                            "interval_high"]].round(4).to_markdown(index=False))})
+        metadata={"controls": md_table(controls[["frame_set", "probe", "accuracy", "interval_low", "interval_high"]],
+                                       ACCURACY)})
 
 
 @dg.asset_check(asset="probe_controls", blocking=False, description=AT_CHANCE_DOC)
-def controls_at_chance(probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
-    return at_chance(probe_controls)
+def controls_at_chance(context: dg.AssetCheckExecutionContext, probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
+    return at_chance(probe_controls, context)

@@ -3,8 +3,8 @@ request list, the pilot's question answering and the registered fitter. Every ru
 apply lives in the science packages."""
 
 import json
-import math
 import os
+from collections.abc import Mapping
 import tempfile
 from pathlib import Path
 
@@ -21,6 +21,9 @@ from fear_assets.design.requests import build_requests
 from fear_assets.design.trials import candidate_frames
 from fear_assets.design.table import NameGateBlocks, render_trial_table
 from fear_assets.core.hashing import sha256_file
+from fear_assets.core.numbers import Quantity, markdown_table, number
+from fear_assets.defs.modes import named_metadata, table_metadata
+from fear_assets.design.score_summary import block_summary, resume_summary
 from fear_assets.lm.choices import choice_batch
 from fear_assets.lm.integrity import manifest_files
 from fear_assets.lm.models import registry
@@ -88,17 +91,18 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     result["features_sha256"] = digest
     result["settings_sha256"] = settings.sha256
     result["bank_sha256"] = bank.sha256
-    summary = result.groupby("block")[["delta", "delta_recall"]].mean().round(4)
-    return result, {
+    return result, named_metadata(context, {
         "trials scored": len(result), "excluded (context window)": int(result["excluded_context"].sum()),
         "generation truncated": int(result["generation_truncated"].sum()),
         "non-finite log-probabilities (flagged, kept out of the models)": int(result["nonfinite_logprob"].sum()),
         "answer cannot fit after the document (recorded, not excluded)": int(result["answer_exceeds_context"].sum()),
-        "features": f"{features.shape} in {feature_path} (sha256 {digest[:12]})",
+        "features": f"{features.shape[0]:,} rows x {features.shape[1] if features.ndim > 1 else 0:,} columns "
+                    f"in {feature_path} (sha256 {digest[:12]})",
         "blocks scored": ", ".join(sorted(result["block"].unique())),
-        "mean Delta by block (masked cells pooled)": dg.MetadataValue.md(summary.to_markdown()),
-        "resumed scoring (per reader)": dg.MetadataValue.json(resumed),
-    }
+        # Only report-scored blocks carry a Delta; the others say what scored them.
+        "mean Delta by block (masked cells pooled)": table_metadata(block_summary(result)),
+        "resumed scoring (per reader)": table_metadata(resume_summary(resumed)),
+    })
 
 
 def answer(language_model, spec, questions: pd.DataFrame, answers: list[str]) -> list[list[float]]:
@@ -142,7 +146,7 @@ def not_applicable_output(context, settings, family_key: str, depth: str, band=N
     if reason is None:
         return None
     context.log.info(f"{depth}|{family_key}: {reason}")
-    return dg.Output(pd.DataFrame(), metadata={"not applicable": reason})
+    return dg.Output(pd.DataFrame(), metadata=named_metadata(context, {"not applicable": reason}))
 
 
 def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,
@@ -157,32 +161,26 @@ def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: p
     table = result.table
     context.log.info(f"{family_key} {depth}: {len(table)} trials rendered in {result.seconds:.1f} s "
                      f"({len(table) / max(result.seconds, 1e-9):.0f} trials/s)")
-    return dg.Output(table, metadata={
+    return dg.Output(table, metadata=named_metadata(context, {
         "trials": len(table), "depth tokens": result.depth_tokens,
         "distinct distractors": int(table["distractor_sha256"].nunique()) if len(table) else 0,
         "max document tokens": int(table["n_tokens"].max()) if len(table) else 0,
         "design": result.design,
         "names": ", ".join(result.names) + ("" if result.gate_passed else " (NAME GATE FAILED: registered-order stand-ins)"),
-        "frame replacements (registered record)": json.dumps(replacements) if replacements else "none",
-        "trials by block": dg.MetadataValue.md(result.by_block.to_markdown(index=False)),
+        "frame replacements (registered record)": replacements or "none",
+        "trials by block": dg.MetadataValue.md(markdown_table(result.by_block)),
         "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{result.sample_document}\n```"),
-    })
+    }))
 
 
 def readable(x) -> str:
-    """A number as a reader wants it: up to 3 decimals, or 2 significant digits in exponent
-    form when it is huge or tiny (an R-hat of 14,462,920 reads 1.4e7); '' when missing."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return ""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        return str(x)
-    x = float(x) if isinstance(x, (np.floating, float)) else int(x)
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-        mantissa, exponent = f"{x:.1e}".split("e")
-        return f"{mantissa}e{int(exponent)}"
-    return f"{x:.3f}".rstrip("0").rstrip(".") if isinstance(x, float) else str(x)
+    """A number as a reader wants it (``core.numbers.number``: fixed decimals by quantity, 2
+    significant digits in exponent form when huge or tiny, so an R-hat of 14,462,920 reads
+    1.4e7; a whole number as a count; n/a when missing; yes/no for a flag)."""
+    whole = isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    return number(x, "count" if whole else "estimate")
 
 
-def readable_markdown(table: pd.DataFrame) -> str:
-    """A metadata table with every number :func:`readable`."""
-    return table.apply(lambda col: col.map(readable)).to_markdown(index=False, disable_numparse=True)
+def readable_markdown(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> str:
+    """A metadata table with every number :func:`readable` (``core.numbers.markdown_table``)."""
+    return markdown_table(table, quantities)

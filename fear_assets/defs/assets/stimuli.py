@@ -7,7 +7,8 @@ import pandas as pd
 
 from fear_assets.core.errors import FreezeError
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.core.numbers import passed_failed
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration.freeze import compare_with_record, read_record
@@ -36,7 +37,7 @@ def frame_bank(context: dg.AssetExecutionContext, protocol: ProtocolResource) ->
             "settings_sha256": settings.sha256,
             "frames": len(bank.frames),
             "events": len(bank.events),
-            "items by fear and set": dg.MetadataValue.md(result.counts.to_markdown(index=False)),
+            "items by fear and set": md_table(result.counts),
             "canonical frames (Appendix A)": dg.MetadataValue.md(result.appendix_a),
         },
     )
@@ -79,26 +80,27 @@ def name_gate(context: dg.AssetExecutionContext, protocol: ProtocolResource) -> 
     downstream. Uses the real registered tokenizers (scripts/fetch_tokenizers.py), no weights."""
     step = name_gate_step(protocol.view(context.partition_key), Path(protocol.cache_dir))
     table, result = step.table, step.gate
-    return dg.Output(table, metadata={
+    return dg.Output(table, metadata=named_metadata(context, {
         "selected names": ", ".join(result.selected),
         "families sharing this selection (4.2)": ", ".join(step.families),
-        "passed": result.passed,
+        "outcome": passed_failed(result.passed),
         "verdict": result.message,
-        "tokens per name (tokenizer, form)": dg.MetadataValue.md(step.tokens_per_name.to_markdown()),
+        "tokens per name (tokenizer, form)": md_table(step.tokens_per_name, index=True),
         "names x tokenizers x forms (SPLIT: more than one token)":
-            dg.MetadataValue.md(report_plots.name_gate_table(table, step.names).to_markdown()),
+            md_table(report_plots.name_gate_table(table, step.names), index=True),
         "names x tokenizers x forms (plot)": metadata_image(
             report_plots.name_gate_plot(table, step.names), "name gate: names x tokenizers x forms"),
-    })
+    }))
 
 
 @dg.asset_check(asset=name_gate, blocking=True,
                 description=GATE_DESCRIPTION + name_gate_description(DEFINITION_SETTINGS))
 def five_single_token_names(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, name_gate: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = name_gate_verdict(name_gate)
-    return dg.AssetCheckResult(
-        passed=verdict.passed, description=verdict.description, severity=gate_severity(protocol, context, name_gate),
-        metadata={"which tokenizer splits which name": dg.MetadataValue.md(verdict.splits.to_markdown(index=False))},
+    return gate_result(
+        context, name_gate, passed=verdict.passed, description=verdict.description,
+        severity=gate_severity(protocol, context, name_gate),
+        metadata={"which tokenizer splits which name": md_table(verdict.splits)},
     )
 
 
@@ -115,12 +117,12 @@ def name_candidates(context: dg.AssetExecutionContext, protocol: ProtocolResourc
     result = name_candidates_step(Path(protocol.bank_dir), bank.canonical_text(),
                                   protocol.view(context.partition_key), Path(protocol.cache_dir))
     proposal = result.proposal
-    return dg.Output(result.table, metadata={
+    return dg.Output(result.table, metadata=named_metadata(context, {
         "proposed (not applied)": ", ".join(proposal.proposed) or "none",
         "complete proposal": proposal.complete,
         "candidates passing everywhere":
             f"{len(proposal.passing)} of {len(result.candidates)}: {', '.join(proposal.passing)}",
         "verdict": result.message,
-        "single-token candidates per tokenizer and form": dg.MetadataValue.md(
-            single_token_counts(proposal.table).to_markdown()),
-    })
+        "single-token candidates per tokenizer and form": md_table(
+            single_token_counts(proposal.table), index=True),
+    }))

@@ -7,7 +7,8 @@ from fear_assets.defs.assets.steps import answer, tested_builder
 from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.core.numbers import number
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -40,23 +41,22 @@ def binding_results(context: dg.AssetExecutionContext, protocol: ProtocolResourc
                      protocol.view(family_key),
                      lambda questions, letters: answer(language_model, spec, questions, letters))
     table, failing = result.table, result.failing
-    return dg.Output(table, metadata={
+    return dg.Output(table, metadata=named_metadata(context, {
         "binding pass rates (plot)": metadata_image(report_plots.binding_plot(table, result.pass_rate_min),
                                                                  "binding pass rates"),
-        "in-context pass rate": dg.MetadataValue.float(result.rate) if result.rate is not None else "not scored",
+        "in-context pass rate": number(result.rate, "rate") if result.rate is not None else "not scored",
         "in-context": result.in_context_message,
         "frames failing a single-sentence check": int(len(failing)),
-        "failing checks": dg.MetadataValue.md(failing[["item_id", "n_correct", "n_checks", "failed_checks"]]
-                                              .to_markdown(index=False) if len(failing) else "none"),
-    })
+        "failing checks": md_table(failing[["item_id", "n_correct", "n_checks", "failed_checks"]]),
+    }))
 
 
 @dg.asset_check(asset=binding_results, blocking=True,
                 description=GATE_DESCRIPTION + binding_gate_description(DEFINITION_SETTINGS))
 def binding_gate(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, binding_results: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = binding_gate_verdict(binding_results)
-    return dg.AssetCheckResult(
-        passed=verdict.passed,
+    return gate_result(
+        context, binding_results, passed=verdict.passed,
         # Only the frame shortfall stops registration; the in-context rate is read (D5 row 2).
         severity=gate_severity(protocol, context, binding_results, stops=verdict.stops),
         description=verdict.description,
@@ -84,19 +84,19 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
                                  context.log.info)
     table, kappa = result.table, result.kappa
     by = table.groupby(["side", "category"]).size().unstack(fill_value=0)
-    return dg.Output(table, metadata={
-        "kappa": dg.MetadataValue.float(float(kappa)) if kappa is not None else "undefined",
+    return dg.Output(table, metadata=named_metadata(context, {
+        "kappa": number(kappa, "kappa") if kappa is not None else "undefined",
         "verdict": result.message, "answers": result.answers,
-        "categories by side": dg.MetadataValue.md(by.to_markdown()),
+        "categories by side": md_table(by, index=True),
         "disagreements resolved by the stem pass": int(table["stem"].notna().sum()),
-    })
+    }))
 
 
 @dg.asset_check(asset=report_scoring, blocking=True,
                 description=GATE_DESCRIPTION + scorer_agreement_description(DEFINITION_SETTINGS))
 def scorer_agreement(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, report_scoring: pd.DataFrame) -> dg.AssetCheckResult:
     first = report_scoring.iloc[0]
-    return dg.AssetCheckResult(passed=bool(first["gate_passed"]), description=str(first["message"]),
-                               severity=gate_severity(protocol, context, report_scoring),
-                               metadata={"kappa": str(first["kappa"]),
-                                         "refusals": int(report_scoring["refusal"].sum())})
+    return gate_result(context, report_scoring, passed=bool(first["gate_passed"]), description=str(first["message"]),
+                       severity=gate_severity(protocol, context, report_scoring),
+                       metadata={"kappa": number(first["kappa"], "kappa"),
+                                 "refusals": int(report_scoring["refusal"].sum())})

@@ -6,7 +6,7 @@ import pandas as pd
 from fear_assets.analysis.pilot_controls import controls_description, controls_verdict
 from fear_assets.analysis.pilot_controls import pilot_controls as pilot_controls_step
 from fear_assets.core.settings import DepthBand, depth_key
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.pilot.depth_rules import pilot_depth_band
@@ -26,13 +26,13 @@ def pilot_depths(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     resolved outcome of 4.5 (``report_scoring``); refusals do not enter the rate."""
     result = pilot_depth_band(pilot_scores, report_scoring, protocol.view(context.partition_key))
     table = result.table
-    return dg.Output(table, metadata={
+    return dg.Output(table, metadata=named_metadata(context, {
         "depth band": ", ".join(DepthBand.of(result.band).keys), "band rule": result.band_rule,
         "H5 depth": depth_key(result.h5_index), "H5 rule": result.h5_rule,
-        "by depth": dg.MetadataValue.md(table[["depth", "depth_tokens", "trials", "answers", "refusals", "mentions",
-                                               "neutral_mention_rate", "fc_accuracy", "in_band", "is_h5_depth"]]
-                                        .round(3).to_markdown(index=False)),
-    })
+        "by depth": md_table(table[["depth", "depth_tokens", "trials", "answers", "refusals", "mentions",
+                                    "neutral_mention_rate", "fc_accuracy", "in_band", "is_h5_depth"]],
+                             {"neutral_mention_rate": "rate", "fc_accuracy": "rate"}),
+    }))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "pymc"},
@@ -54,22 +54,21 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
                                judge_sentence_surprisal, protocol.bank(),
                                protocol.view(context.partition_key), context.log.info)
     result = step.table
-    return dg.Output(result, metadata={
-        "controls": dg.MetadataValue.md(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]
-                                        .round(3).to_markdown(index=False)),
+    return dg.Output(result, metadata=named_metadata(context, {
+        "controls": md_table(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]),
         "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(step.sigma, 4),
         # How many model shapes this step compiled (others reused from an earlier step of the
         # process): run metadata, not part of the stored table, which is the same either way.
         "model compilations": step.compilations,
-    })
+    }))
 
 
 @dg.asset_check(asset=pilot_controls, blocking=True,
                 description=GATE_DESCRIPTION + controls_description(DEFINITION_SETTINGS))
 def positive_controls_pass(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, pilot_controls: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = controls_verdict(pilot_controls)
-    return dg.AssetCheckResult(
-        passed=verdict.passed, description=verdict.description, severity=gate_severity(protocol, context, pilot_controls),
-        metadata={"controls": dg.MetadataValue.md(pilot_controls[["control", "mean", "hdi_low", "hdi_high", "passed"]]
-                                                  .round(3).to_markdown(index=False)),
+    return gate_result(
+        context, pilot_controls, passed=verdict.passed, description=verdict.description,
+        severity=gate_severity(protocol, context, pilot_controls),
+        metadata={"controls": md_table(pilot_controls[["control", "mean", "hdi_low", "hdi_high", "passed"]]),
                   "what it means": verdict.what_it_means})

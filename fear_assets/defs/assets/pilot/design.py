@@ -6,6 +6,7 @@ import pandas as pd
 from fear_assets.defs.assets.steps import not_applicable_output, trial_table_output
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
+from fear_assets.defs.modes import named_metadata
 from fear_assets.defs.resources.protocol import ProtocolResource
 
 
@@ -41,4 +42,4 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
         yield skipped
         return
     key = make_key(settings, family_key).assign(depth=depth)
-    yield dg.Output(key, metadata={"codes": len(key)})
+    yield dg.Output(key, metadata=named_metadata(context, {"codes": len(key)}))

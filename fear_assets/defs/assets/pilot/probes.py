@@ -4,7 +4,8 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.assets.probes import AT_CHANCE_DOC, CONTROLS_DOC, OUTPUTS_DOC, at_chance, probe_frame_set, probe_metadata
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.core.numbers import number
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.probes.pilot_probe import pilot_probe_controls, pilot_probe_rules_description, pilot_probe_verdict
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -29,14 +30,15 @@ def pilot_probes(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     if out is None:
         raise ValueError("no pilot probe blocks were scored: materialise pilot_scores for every depth first")
     ctrl = pilot_probe_controls(out, ctrl, pilot_depths, protocol.view(family_key))
-    meta_out, meta_ctrl = probe_metadata(out, ctrl)
+    meta_out, meta_ctrl = probe_metadata(context, out, ctrl)
     yield dg.Output(out, output_name="pilot_probe_outputs", metadata=meta_out)
     yield dg.Output(ctrl, output_name="pilot_probe_controls", metadata=meta_ctrl)
 
 
 @dg.asset_check(asset="pilot_probe_controls", blocking=False, description=AT_CHANCE_DOC)
-def pilot_controls_at_chance(pilot_probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
-    return at_chance(pilot_probe_controls)
+def pilot_controls_at_chance(context: dg.AssetCheckExecutionContext,
+                             pilot_probe_controls: pd.DataFrame) -> dg.AssetCheckResult:
+    return at_chance(pilot_probe_controls, context)
 
 
 @dg.asset_check(asset="pilot_probe_controls", blocking=True,
@@ -45,11 +47,13 @@ def pilot_probe_rules(context: dg.AssetCheckExecutionContext, protocol: Protocol
     verdict = pilot_probe_verdict(pilot_probe_controls)
     severity = gate_severity(protocol, context, pilot_probe_controls)
     if verdict.row is None:
-        return dg.AssetCheckResult(passed=False, description=verdict.description, severity=severity)
+        return gate_result(context, pilot_probe_controls, passed=False, description=verdict.description,
+                           severity=severity, metadata={"next step": "materialise pilot_probe_outputs first"})
     row = verdict.row
-    return dg.AssetCheckResult(passed=verdict.passed, description=verdict.description, severity=severity,
+    return gate_result(context, pilot_probe_controls, passed=verdict.passed, description=verdict.description,
+                       severity=severity,
                                metadata={"band depths": row["band_depths"],
-                                         "band mean accuracy": float(row["band_mean_accuracy"]),
+                                         "band mean accuracy": number(row["band_mean_accuracy"], "rate"),
                                          "h4 estimation-only": bool(row["h4_estimation_only"]),
                                          "next step": "none" if verdict.passed else
                                          "the probe does not decode at the shallowest depth: look for a fault in "

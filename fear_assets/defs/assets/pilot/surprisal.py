@@ -6,9 +6,10 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
+from fear_assets.core.numbers import number
 from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -32,10 +33,10 @@ def model_manifest(context: dg.AssetExecutionContext, protocol: ProtocolResource
     the ones the models load from (the site configuration's ``checkpoints``)."""
     result = model_manifest_step(protocol.view(context.partition_key), Path(protocol.cache_dir),
                                  language_model.directories(), language_model.site_path())
-    return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata={
-        "manifest_sha256": result.digest, "checkpoints": dg.MetadataValue.md(result.shown.to_markdown(index=False)),
+    return dg.Output(result.table, data_version=dg.DataVersion(result.digest), metadata=named_metadata(context, {
+        "manifest_sha256": result.digest, "checkpoints": md_table(result.shown),
         "stand-in": protocol.settings().family(context.partition_key).stand_in or "none",
-    })
+    }))
 
 
 @dg.asset_check(asset=model_manifest, blocking=True, description=GATE_DESCRIPTION + (
@@ -48,11 +49,11 @@ def matches_registration_record(context: dg.AssetCheckExecutionContext, protocol
     family = str(model_manifest["family"].iloc[0])
     record = read_family_record(protocol.registration_dir, family)
     if record is None:
-        return dg.AssetCheckResult(passed=True, description="no registration record yet: nothing to compare",
-                                   metadata={"record": "none"})
+        return gate_result(context, model_manifest, passed=True,
+                           description="no registration record yet: nothing to compare", metadata={"record": "none"})
     match = record_match(record, protocol.settings(), protocol.bank(), model_manifest)
-    return dg.AssetCheckResult(
-        passed=match.passed,
+    return gate_result(
+        context, model_manifest, passed=match.passed,
         severity=gate_severity(protocol, context, model_manifest, stops=match.frozen),
         description=match.description, metadata={"status": record["status"], "differences": match.differences})
 
@@ -63,10 +64,10 @@ def tokenizer_agreement(context: dg.AssetCheckExecutionContext, protocol: Protoc
     family = str(model_manifest["family"].iloc[0])
     result = family_tokenizer_agreement(protocol.settings(), family, protocol.bank(), Path(protocol.cache_dir),
                                         language_model.directories(), language_model.site_path())
-    return dg.AssetCheckResult(passed=result.passed, description=result.description,
-                               severity=gate_severity(protocol, context, model_manifest), metadata={
-        "strings compared": int(result.table["strings_compared"].sum()),
-        "per checkpoint": dg.MetadataValue.md(result.table.drop(columns="message").to_markdown(index=False))})
+    return gate_result(context, model_manifest, passed=result.passed, description=result.description,
+                       severity=gate_severity(protocol, context, model_manifest), metadata={
+        "strings compared": dg.MetadataValue.int(int(result.table["strings_compared"].sum())),
+        "per checkpoint": md_table(result.table.drop(columns="message"))})
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
@@ -84,12 +85,11 @@ def sentence_surprisal(context: dg.AssetExecutionContext, protocol: ProtocolReso
     carry (4.2)."""
     result, _ = _surprisal(context, protocol, language_model, name_gate, "tested")
     table = result.table
-    return dg.Output(table, metadata={
-        "sentences": len(table), "frames": result.frames, "seconds": round(result.seconds, 1),
+    return dg.Output(table, metadata=named_metadata(context, {
+        "sentences": len(table), "frames": result.frames, "seconds": number(result.seconds, "seconds"),
         "names": ", ".join(result.names),
-        "mean rest NLL by agent": dg.MetadataValue.md(
-            table.groupby("agent")[["rest_nll", "name_nll"]].mean().round(3).to_markdown()),
-    })
+        "mean rest NLL by agent": md_table(table.groupby("agent")[["rest_nll", "name_nll"]].mean(), index=True),
+    }))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
@@ -101,7 +101,7 @@ def base_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoco
     """The same document-independent surprisal under the family's base checkpoint (4.3): the
     base-against-assistant comparison uses only frames that pass matching under both
     checkpoints of the lineage. Empty (with a note) for a family without a base checkpoint."""
-    return _surprisal_output(_surprisal(context, protocol, language_model, name_gate, "base"))
+    return _surprisal_output(context, _surprisal(context, protocol, language_model, name_gate, "base"))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="gpu",
@@ -115,7 +115,7 @@ def judge_sentence_surprisal(context: dg.AssetExecutionContext, protocol: Protoc
     surprisal covariates. Empty (with a note) where the family scores no judge block (the
     embedded demo), so gate (c) then says it is not available. Names are the name gate's
     selection, as in the documents (4.2)."""
-    return _surprisal_output(_surprisal(context, protocol, language_model, name_gate, "judge"))
+    return _surprisal_output(context, _surprisal(context, protocol, language_model, name_gate, "judge"))
 
 
 def _surprisal(context, protocol: ProtocolResource, language_model: LanguageModelResource, name_gate: pd.DataFrame,
@@ -130,8 +130,9 @@ def _surprisal(context, protocol: ProtocolResource, language_model: LanguageMode
     return result, spec.checkpoint if spec is not None else ""
 
 
-def _surprisal_output(run: tuple[SurprisalResult, str]) -> dg.Output:
+def _surprisal_output(context, run: tuple[SurprisalResult, str]) -> dg.Output:
     result, checkpoint = run
     if result.note is not None:
-        return dg.Output(result.table, metadata={"note": result.note})
-    return dg.Output(result.table, metadata={"sentences": len(result.table), "checkpoint": checkpoint})
+        return dg.Output(result.table, metadata=named_metadata(context, {"note": result.note}))
+    return dg.Output(result.table, metadata=named_metadata(context, {"sentences": len(result.table),
+                                                                      "checkpoint": checkpoint}))

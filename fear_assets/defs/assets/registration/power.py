@@ -11,14 +11,12 @@ Wiring only; the science is in ``fear_assets.simulation`` (registered code hash)
   ``power_targets_met`` is the gate (blocking in confirmatory mode, like every registration gate).
 """
 
-
-import json
-
 import dagster as dg
 import pandas as pd
 
 from fear_assets.defs.metadata import metadata_image
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.core.numbers import number
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions, \
     power_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -44,12 +42,14 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
         protocol.view(family_key), protocol.bank(), pilot_scores, assignment_key,
         sentence_surprisal, pilot_depths, pilot_controls, pilot_probe_outputs)
     est = r.estimates
-    return dg.Output(r.table, metadata={"band": ",".join(r.band), "pilot trials": r.pilot_trials,
-                                        "sigma": round(est.sigma, 4), "unit sd": round(est.unit_sd, 4),
-                                        "frame sds": ", ".join(f"{x:.3f}" for x in est.frame_sd),
-                                        "controls (pilot means)": json.dumps({k: round(v, 3)
-                                                                              for k, v in r.controls.items()})})
+    return dg.Output(r.table, metadata=named_metadata(context, {
+        "band": ", ".join(r.band), "pilot trials": r.pilot_trials, "sigma": number(est.sigma),
+        "unit sd": number(est.unit_sd), "frame sds": ", ".join(number(x) for x in est.frame_sd),
+        "controls (pilot means)": "; ".join(f"{k} {number(v)}" for k, v in r.controls.items()) or "none"}))
 
+
+#: A target's verdict as a word (None: its component was not simulated).
+MET_TEXT = {True: "yes", False: "no"}
 
 #: Each batch step samples 2 chains (one per core). Pool "power" bounds how many run at once on
 #: one machine (`dagster instance concurrency set power <cores / 2>`); under the Kubernetes
@@ -75,17 +75,16 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
                                          log=context.log.info)
     if batch.resumed:
         context.log.info(f"{key}: finished earlier ({batch.path}); not refitted")
-        return dg.MaterializeResult(metadata={"path": str(batch.path), "resumed": True})
-    return dg.MaterializeResult(metadata={
+        return dg.MaterializeResult(metadata=named_metadata(context, {"path": str(batch.path), "resumed": True}))
+    return dg.MaterializeResult(metadata=named_metadata(context, {
         "path": str(batch.path), "datasets": batch.datasets, "rows (trials per block)": batch.rows,
         "seconds": batch.seconds, "compilations (this process)": batch.compilations,
-        "frame effects sampled (registered rule, per dataset; same prior either way)": dg.MetadataValue.json(
-            batch.frame_forms),
+        "frame effects sampled (registered rule, per dataset; same prior either way)": batch.frame_forms,
         "fits missing the convergence rule": batch.not_converged,
         "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(batch.labels),
                                                    "power simulation label frequencies"),
-        "labels": dg.MetadataValue.md(batch.label_counts.to_markdown(index=False)),
-        "demo": view.embedded})
+        "labels": md_table(batch.label_counts),
+        "demo": view.embedded}))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
@@ -105,13 +104,16 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     context.log.info(f"power gate {family_key}: {decision['status']}; frames {decision['frames']}; "
                      f"estimation-only {decision['estimation_only'] or 'none'}")
     shown = table[["target", "frames", "rate", "mcse", "n", "bound", "met", "note"]].copy()
-    shown[["rate", "mcse"]] = shown[["rate", "mcse"]].round(3)
-    return dg.Output(table, metadata={
+    # A target whose component was not simulated is not computable, not "nan".
+    shown["met"] = [MET_TEXT.get(m, "not computable") if not pd.isna(m) else "not computable" for m in shown["met"]]
+    decides = not summary.demo and str(decision["status"]) == "complete"
+    return dg.Output(table, metadata=named_metadata(context, {
         "status": decision["status"], "frames": str(decision["frames"]), "demo (not registered)": summary.demo,
         "estimation-only": ", ".join(decision["estimation_only"]) or "none",
-        "joint shortfall source": str(decision["joint_shortfall_source"]),
-        "gates underpowered": decision["gates_underpowered"],
-        "targets": dg.MetadataValue.md(shown.to_markdown(index=False))})
+        "joint shortfall source": decision["joint_shortfall_source"] or "none",
+        "gates underpowered": decision["gates_underpowered"] if decides else
+        "not decided (only the registered, complete simulation decides)",
+        "targets": md_table(shown, {"rate": "rate", "mcse": "rate", "bound": "rate"})}))
 
 
 @dg.asset_check(asset=power_summary, blocking=True, description=GATE_DESCRIPTION + (
@@ -121,12 +123,18 @@ def power_targets_met(context: dg.AssetCheckExecutionContext, protocol: Protocol
     missed = simulation_steps.targets_missed(power_summary)
     frames = sorted(power_summary["frames"].unique())
     demo = bool(power_summary["demo"].iloc[0]) if len(power_summary) else False
-    return dg.AssetCheckResult(
-        passed=missed.empty, severity=gate_severity(protocol, context, power_summary),
-        metadata={"missed or not computable": len(missed), "frames examined": ", ".join(map(str, frames)),
-                  "demo (not registered)": demo},
-        description=("all registered targets met" if missed.empty else
-                     f"{len(missed)} target(s) missed or not computable, e.g. {missed['target'].iloc[0]}: "
-                     "add frames (the next block of 10) and simulate it, or declare the hypothesis "
-                     "estimation-only at 100 frames (6.3)" + (" [reduced demo, not the registered simulation]"
-                                                               if demo else "")))
+    # Counted from the table itself so the three numbers add up to its targets (a target whose
+    # component was not simulated is not computable, never met).
+    met = power_summary["met"] if "met" in power_summary else pd.Series(dtype="boolean")
+    counts = {"targets met": int((met == True).sum()),  # noqa: E712 (NA: not computable)
+              "targets missed": int((met == False).sum()),  # noqa: E712
+              "targets not computable": int(met.isna().sum())}
+    said = f"{counts['targets missed']} missed and {counts['targets not computable']} not computable of {len(met)}"
+    example = f", e.g. {missed['target'].iloc[0]}" if len(missed) else ""
+    return gate_result(
+        context, power_summary, passed=missed.empty, severity=gate_severity(protocol, context, power_summary),
+        metadata={**counts, "frames examined": ", ".join(map(str, frames)), "demo (not registered)": demo},
+        description=("all registered targets met" if missed.empty and not counts["targets not computable"] else
+                     f"targets: {said}{example}: add frames (the next block of 10) and simulate it, or declare "
+                     "the hypothesis estimation-only at 100 frames (6.3)"
+                     + (" [reduced demo, not the registered simulation]" if demo else "")))

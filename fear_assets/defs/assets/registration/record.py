@@ -4,10 +4,12 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.core.settings import DepthBand, depth_key
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, named_metadata, table_metadata
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration import steps as registration_steps
+from fear_assets.registration.gate_table import gate_rows, gates_of_table
+from fear_assets.registration.gate_table import gates_summary as gate_summary
 
 
 class RecordConfig(dg.Config):
@@ -44,12 +46,13 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     band = record["depth_band"]
     context.log.info(f"registration record ({record['status']}) written to {path}; failed gates: "
                      f"{', '.join(record['failed_gates']) or 'none'}")
-    return dg.Output(table, metadata={
-        "record": str(path), "status": record["status"],
-        "failed gates": ", ".join(record["failed_gates"]) or "none",
-        "gates": dg.MetadataValue.md(table[["gate", "passed", "numbers", "message"]].to_markdown(index=False)),
+    gates = record["gates"]
+    return dg.Output(table, metadata=named_metadata(context, {
+        "status": record["status"], "gates": gate_summary(gates),
+        "gate table": table_metadata(gate_rows(gates)),
         "depth band": ", ".join(DepthBand.of(band).keys), "H5 depth": depth_key(record["h5_depth"]),
-    })
+        "record": str(path),
+    }))
 
 
 @dg.asset_check(asset=registration_record, blocking=True, description=GATE_DESCRIPTION + (
@@ -59,12 +62,11 @@ def registration_record(context: dg.AssetExecutionContext, config: RecordConfig,
     "pilot mode the failures travel with the analysis."))
 def registration_gates(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, registration_record: pd.DataFrame) -> dg.AssetCheckResult:
     failed = registration_steps.failed_gates(registration_record)
-    return dg.AssetCheckResult(
-        passed=failed.empty, severity=gate_severity(protocol, context, registration_record),
-        description="every gate passes" if failed.empty else "failed: " + "; ".join(
-            f"{r.gate}: {r.message}" for r in failed.itertuples()),
-        metadata={"gates": dg.MetadataValue.md(registration_record[["gate", "passed", "numbers"]].to_markdown(index=False)),
+    gates = gates_of_table(registration_record)
+    return gate_result(
+        context, registration_record, passed=failed.empty,
+        severity=gate_severity(protocol, context, registration_record), description=gate_summary(gates),
+        metadata={"gate table": table_metadata(gate_rows(gates)),
                   "next step": "none" if failed.empty else
-                  "fix each failed gate as its message says (frames, names, scorer rule, controls, power), re-run the "
-                  "pilot assets it names, then registration_record; the confirmatory design is built only from a "
-                  "registered record"})
+                  "each failed gate's fix (gate table), then registration_record again; the confirmatory design "
+                  "is built only from a registered record"})
