@@ -121,6 +121,8 @@ class PosteriorsResult:
     depth_png: bytes
     compilations: int
     result: Result = field(repr=False)
+    #: Every fit's InferenceData file (fit, file, sha256), also written as ``fits.csv``.
+    fits_table: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
 
 def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_scores: pd.DataFrame,
@@ -168,6 +170,7 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     draws_path, primary_path = directory / "contrasts.npz", directory / "primary.nc"
     np.savez(draws_path, **result.draws)
     write_inference_data(result.fits["primary"].idata, primary_path)
+    fits = save_fits(result.inference, directory, primary_path, h4_posterior)
     flags = estimand_flags(record, frame_set == "pilot", family.stand_in, PILOT_FALLBACK_NOTE)
     table = table.assign(family=family_key, frame_set=frame_set, band_depths=",".join(band),
                          h5_depth=depth_key(record["h5_depth"]),
@@ -184,7 +187,31 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     (directory / "forest.png").write_bytes(forest)
     (directory / "delta_by_depth.png").write_bytes(depth_png)
     return PosteriorsResult(table, frame_set, bool(prefix), tuple(flags), str(directory), str(draws_path),
-                            forest, depth_png, fitter.compilations, result)
+                            forest, depth_png, fitter.compilations, result, fits)
+
+
+FITS_FILE = "fits.csv"
+FITS_COLUMNS = ["fit", "file", "sha256"]
+
+
+def save_fits(inference: dict, directory: Path, primary_path: Path, h4_posterior: pd.DataFrame) -> pd.DataFrame:
+    """Every fit's InferenceData as netCDF under ``directory`` (``fit_<name>.nc``; the primary
+    fit is ``primary.nc`` and H4's is the ``h4_posterior`` file), with its sha256, listed in
+    ``directory/fits.csv`` for the Stage 2 report."""
+    rows = [{"fit": "primary", "file": str(primary_path), "sha256": sha256_file(primary_path)}]
+    for name, idata in inference.items():
+        if name == "primary":
+            continue
+        path = directory / f"fit_{name}.nc"
+        write_inference_data(idata, path)
+        rows.append({"fit": name, "file": str(path), "sha256": sha256_file(path)})
+    for r in h4_posterior.to_dict("records"):
+        if r.get("draws_file"):
+            rows.append({"fit": f"H4 ({r.get('frame_set', '')})", "file": str(r["draws_file"]),
+                         "sha256": str(r.get("draws_sha256", ""))})
+    table = pd.DataFrame(rows, columns=FITS_COLUMNS)
+    table.to_csv(directory / FITS_FILE, index=False)
+    return table
 
 
 def fits_frames(result: Result) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from fear_assets.analysis.plots import NOT_CONVERGED_TEXT
+from fear_assets.analysis.estimands import estimand_view
 
 
 @dataclass(frozen=True)
@@ -121,20 +121,19 @@ def deviations(registered: Mapping[str, object], ran: Mapping[str, Ran],
 # Hypotheses: a label that is not to be read is stated as such
 # ---------------------------------------------------------------------------------------
 def hypotheses_table(posteriors: pd.DataFrame) -> pd.DataFrame:
-    """H1-H5, the gates and the controls with their HDIs and labels (6.2). A contrast whose
-    fit missed the convergence rule keeps its numbers but its label reads "not converged —
-    not to be read" (6.1), never the label the HDI would give."""
+    """H1-H5, the gates and the controls with their HDIs and labels (6.2), as the estimands
+    view writes them (``analysis.estimands.estimand_view``: one number format, converged
+    yes/no, whole ESS). A contrast whose fit missed the convergence rule keeps its numbers
+    but its label reads "not converged — not to be read" (6.1), never the label the HDI
+    would give: the same words as the forest plot's."""
     need = ["contrast", "kind", "status", "mean", "hdi_low", "hdi_high", "label", "converged"]
     missing = [c for c in need if c not in posteriors.columns]
     if missing:
         raise ValueError(f"posteriors lacks column(s) {missing}: re-materialise posteriors")
-    table = posteriors[posteriors["kind"].isin(["confirmatory", "gate", "control"])][need].copy()
-    converged = table["converged"].fillna(False).astype(bool)
-    table["label as read"] = table["label"].fillna("").where(converged, NOT_CONVERGED_TEXT)
-    table.loc[table["status"] != "estimated", "label as read"] = table["status"]
     order = {"confirmatory": 0, "gate": 1, "control": 2}
-    table = table.sort_values(["kind", "contrast"], key=lambda s: s.map(order) if s.name == "kind" else s)
-    return table.drop(columns=["label"]).reset_index(drop=True)
+    table = posteriors[posteriors["kind"].isin(list(order))]
+    table = table.assign(_order=table["kind"].map(order)).sort_values(["_order", "contrast"], kind="stable")
+    return estimand_view(table.drop(columns="_order")).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------
