@@ -173,6 +173,43 @@ def forest_plot(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tuple[
     return _png(fig)
 
 
+def _chains_of(draws: np.ndarray, chains: int) -> np.ndarray:
+    x = np.asarray(draws, dtype=float).ravel()
+    chains = chains if chains >= 1 and x.size % chains == 0 and x.size // chains >= 2 else 1
+    return x.reshape(chains, -1)
+
+
+def trace_plot(name: str, draws: np.ndarray, chains: int) -> bytes:
+    """ArviZ's trace plot of one contrast's draws (chain-major, ``chains`` chains): the
+    density and the trace of each chain, drawn on an off-screen figure."""
+    import arviz as az
+
+    data = az.from_dict(posterior={name: _chains_of(draws, chains)})
+    fig = Figure(figsize=(7.0, 1.8))
+    FigureCanvasAgg(fig)
+    axes = np.array([fig.subplots(1, 2)])
+    az.plot_trace(data, var_names=[name], axes=axes, compact=False, show=False)
+    axes[0, 0].set_title(f"{name}: posterior by chain", fontsize="small")
+    axes[0, 1].set_title(f"{name}: trace", fontsize="small")
+    return _png(fig)
+
+
+def rank_plot(name: str, draws: np.ndarray, chains: int) -> bytes:
+    """ArviZ's rank plot of one contrast's draws: a well-mixed fit has flat rank histograms."""
+    import arviz as az
+
+    data = az.from_dict(posterior={name: _chains_of(draws, chains)})
+    fig, ax = _figure(3.5, 1.8)
+    az.plot_rank(data, var_names=[name], ax=ax, show=False)
+    ax.set_title(f"{name}: rank by chain", fontsize="small")
+    return _png(fig)
+
+
+def diagnostic_plots(draws: Mapping[str, np.ndarray], chains: int) -> dict[str, tuple[bytes, bytes]]:
+    """Trace and rank plots (PNG bytes) of every contrast in ``draws``, by contrast."""
+    return {name: (trace_plot(name, x, chains), rank_plot(name, x, chains)) for name, x in draws.items()}
+
+
 def delta_by_depth_plot(table: pd.DataFrame) -> bytes:
     """Delta by depth for the six agent x content cells (colour: agent; line: content),
     with intervals. Depths sit at evenly spaced positions labelled with their token

@@ -92,6 +92,8 @@ def h4_posterior(view: Registered, bank, probe_outputs: pd.DataFrame, probe_cont
     path = directory / f"h4_{frame_set}.nc"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_inference_data(fit.idata, path)
+    if fit.draws is not None:
+        np.savez(h4_contrast_path(path), H4=np.asarray(fit.draws))
     # 6.1's rules are flags on H4's row: the ceiling comes from the record (declared before
     # collection), the control probes from the analysed frame set and the pilot.
     interpretable, estimation_only = h4_declared(controls[controls["frame_set"] == frame_set], record)
@@ -188,6 +190,30 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     (directory / "delta_by_depth.png").write_bytes(depth_png)
     return PosteriorsResult(table, frame_set, bool(prefix), tuple(flags), str(directory), str(draws_path),
                             forest, depth_png, fitter.compilations, result, fits)
+
+
+def h4_contrast_path(fit_path: str | Path) -> Path:
+    """Where H4's contrast draws lie beside its fit's InferenceData (``h4_<frame set>.nc``)."""
+    fit_path = Path(fit_path)
+    return fit_path.with_name(fit_path.stem + "_contrast.npz")
+
+
+def contrast_draws(posteriors: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Every reported contrast's stored draws (chain-major): the estimands' ``contrasts.npz``
+    and H4's own file beside its fit, where stored; empty where nothing is."""
+    out: dict[str, np.ndarray] = {}
+    if "draws_file" in posteriors.columns and len(posteriors):
+        path = Path(str(posteriors["draws_file"].iloc[0]))
+        if path.is_file():
+            with np.load(path) as z:
+                out.update({k: np.asarray(z[k]) for k in z.files})
+        fits = path.parent / FITS_FILE
+        if fits.is_file():
+            for r in pd.read_csv(fits).itertuples():
+                if str(r.fit).startswith("H4") and h4_contrast_path(r.file).is_file():
+                    with np.load(h4_contrast_path(r.file)) as z:
+                        out["H4"] = np.asarray(z["H4"])
+    return out
 
 
 FITS_FILE = "fits.csv"
