@@ -130,7 +130,7 @@ def estimand_view(posteriors: pd.DataFrame, kinds: tuple[str, ...] | None = None
     converged as yes/no (n/a where nothing was fitted), what each number is (the exclusions
     row is the worst cell's rate, not a mean) and the label as read (:func:`label_as_read`)."""
     rows = []
-    table = posteriors if kinds is None else posteriors[posteriors["kind"].isin(kinds)]
+    table = with_converged(posteriors if kinds is None else posteriors[posteriors["kind"].isin(kinds)])
     for row in table.to_dict("records"):
         estimated = _text(row.get("status")) == "estimated"
         quantity = "rate" if row.get("contrast") == "exclusions" else "estimate"
@@ -168,6 +168,8 @@ def with_converged(posteriors: pd.DataFrame) -> pd.DataFrame:
     problems are empty), as the analysis stores it; kept where already there."""
     if "converged" in posteriors.columns:
         return posteriors
+    if "convergence_problems" not in posteriors.columns:
+        return posteriors.assign(converged=True)
     return posteriors.assign(converged=posteriors["convergence_problems"].fillna("") == "")
 
 

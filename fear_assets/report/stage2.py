@@ -189,12 +189,13 @@ def table_cells(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=table.columns, index=table.index)
 
 
-#: An unbroken run of this many characters (a sha256, a run id, a path) may wrap anywhere.
-LONG_TOKEN = re.compile(r"(?<=[\s>])([^\s<>]{24,})(?=[\s<])")
+#: A run of this many characters with no space or hyphen (a sha256, a long estimand name or path
+#: piece) may wrap anywhere; run ids already break at their hyphens.
+LONG_TOKEN = re.compile(r"([^\s<>\-]{24,})")
 
 
 def wrap_long_tokens(fragment: str) -> str:
-    """``fragment`` (escaped HTML) with every long unbroken token (hashes, run ids, paths) in a
+    """``fragment`` (escaped HTML) with every long unbroken token (a sha256, a long name) in a
     ``span.hash`` that wraps anywhere, so a table of 64-character hashes fits its page and
     short numbers are never split."""
     return LONG_TOKEN.sub(r'<span class="hash">\1</span>', fragment)
