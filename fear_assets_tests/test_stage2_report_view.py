@@ -167,3 +167,13 @@ def test_report_tables_show_no_python_or_json_reprs(settings, tmp_path):
         for row in rows:
             for cell in row:
                 assert not REPRS.search(cell), (heading, cell)
+
+
+def test_the_cross_family_table_shows_labels_as_pairs_not_json():
+    from fear_assets.report.sections import readable_json
+
+    stored = pd.DataFrame([{"families": json.dumps({"qwen2.5-7b": "supported"}), "missing": "gemma-2-9b",
+                            "descriptive_only": json.dumps({}), "statement": "no general statement"}])
+    shown = readable_json(stored, ["families", "descriptive_only"]).iloc[0]
+    assert shown["families"] == "qwen2.5-7b: supported" and shown["descriptive_only"] == "none"
+    assert shown["statement"] == "no general statement"

@@ -93,16 +93,22 @@ def absent_text(family_key: str, tables: Mapping[str, pd.DataFrame | None], upst
     return "; ".join(parts) + f" (family {family_key})"
 
 
-def readable_gates(gates: pd.DataFrame) -> pd.DataFrame:
-    """The registration gates' rows with their numbers as ``key: value`` pairs (the record
-    stores them as JSON), never a JSON dump."""
-    def numbers(value: object) -> object:
+def readable_json(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``table`` with its JSON-text ``columns`` (as some stored tables keep mappings) written
+    as ``key: value`` pairs, never a JSON dump; other text is kept."""
+    def one(value: object) -> object:
         try:
             parsed = json.loads(value) if isinstance(value, str) else value
         except ValueError:
             return value
         return plain(parsed) if isinstance(parsed, (dict, list)) else value
-    return gates.assign(numbers=[numbers(v) for v in gates["numbers"]])
+    return table.assign(**{c: [one(v) for v in table[c]] for c in columns if c in table.columns})
+
+
+def readable_gates(gates: pd.DataFrame) -> pd.DataFrame:
+    """The registration gates' rows with their numbers as ``key: value`` pairs (the record
+    stores them as JSON)."""
+    return readable_json(gates, ["numbers"])
 
 
 def fits_table(posteriors: pd.DataFrame) -> pd.DataFrame | None:
@@ -313,8 +319,8 @@ def all_families_report(settings: ProtocolSettings, reading: pd.DataFrame, poste
             Section("Family report", "", stage2_report[stage2_report["family"] == f][["html_path", "html_sha256"]],
                     list(provenance("registration_record", [f]))),
         ]))
-    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]), cross_family,
-                      provenance("cross_family", [None]))]
+    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]),
+                      readable_json(cross_family, ["families", "descriptive_only"]), provenance("cross_family", [None]))]
     document = render_html("Stage 2 report: all families", preamble_text(settings), families, across)
     row = write_report(directory, "stage2_report_all", document)
     table = pd.DataFrame([{"families": ", ".join(fams), **row}])
