@@ -10,6 +10,7 @@ import re
 
 import arviz as az
 import numpy as np
+import pytest
 import pandas as pd
 
 from fear_assets.analysis.estimands import (DISAGREES_NOTE, DISAGREES_TEXT, NOT_CONVERGED_TEXT, WORST_CELL_RATE,
@@ -142,3 +143,33 @@ def test_every_fit_is_saved_as_inference_data_that_reopens(tmp_path):
     np.savez(tmp_path / "contrasts.npz", H2=np.zeros(100))
     draws = contrast_draws(pd.DataFrame({"draws_file": [str(tmp_path / "contrasts.npz")]}))
     assert set(draws) == {"H2", "H4"}
+
+
+@pytest.mark.slow  # the confirmatory analysis at demo size: every fit once (several CPU-minutes)
+def test_the_analysis_keeps_every_fits_inference_data_and_saves_each(settings, bank, tmp_path):
+    """Every fit the analysis makes (the primary, its same-shape refits, H5's probit, the
+    positive controls) keeps its InferenceData, and each is saved and re-opens."""
+    from fear_assets.analysis.confirmatory import Inputs, Registered, run
+    from fear_assets.analysis.gate_c import GateCPriors
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets_tests.test_audit_10a import FEARS, _demo_scores, _surprisal
+
+    reg = Registered(0.99, 0.15, 0.30, 1.0, settings.convergence, 0.05, 0.15, 0.0, 100, 100, 2)
+    inputs = Inputs(scores=_demo_scores(), surprisal=_surprisal(), fears_of={"TER-01": "termination"}, fears=FEARS,
+                    neutral_option=1, band=["d1", "d2"], h5_depth="d2", pilot_sigma=0.3,
+                    depth_tokens={"d1": 0, "d2": 128}, prefix="pilot_", registered=reg, seed=lambda name: 3,
+                    bank=bank, topic_counts_path=tmp_path / "topic_counts.csv",
+                    h5_priors=H5Priors.from_settings(settings), gate_c_priors=GateCPriors.from_settings(settings),
+                    log=lambda msg: None)
+    out = run(inputs, Fitter(Priors.from_settings(settings), 100, 100, 2))
+    controls = {r["contrast"] for r in out.rows if r["kind"] == "control" and r["status"] == "estimated"}
+    expected = {"primary", "gate_b_recall_H2", "H2_summed_logprob", "H2_first_person", "H2_prior_sensitivity", "h5",
+                *controls}
+    assert expected <= set(out.inference), expected - set(out.inference)
+    primary = tmp_path / "primary.nc"
+    out.inference["primary"].to_netcdf(str(primary))
+    table = save_fits(out.inference, tmp_path, primary, pd.DataFrame(columns=["frame_set", "draws_file"]))
+    assert set(table["fit"]) == set(out.inference)
+    for row in table.itertuples():
+        assert "posterior" in az.from_netcdf(row.file).groups()

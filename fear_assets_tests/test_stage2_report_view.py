@@ -177,3 +177,19 @@ def test_the_cross_family_table_shows_labels_as_pairs_not_json():
     shown = readable_json(stored, ["families", "descriptive_only"]).iloc[0]
     assert shown["families"] == "qwen2.5-7b: supported" and shown["descriptive_only"] == "none"
     assert shown["statement"] == "no general statement"
+
+
+def test_the_reading_section_shows_a_non_converged_gate_label_as_not_to_be_read(settings, tmp_path):
+    post = _posteriors(tmp_path)
+    post = pd.concat([post, post[post["contrast"] == "H3"].assign(contrast="gate_b_recall_H2", kind="gate")],
+                     ignore_index=True)
+    reading = pd.DataFrame([{"code": "NO_READING_CONTROLS_FAILED", "row": 1, "qualifiers": "", "flags": "",
+                             "h2": "unresolved", "h5": "unresolved", "gate_a": "not_scored", "gate_b": "supported",
+                             "gate_c": "not_scored", "descriptive_only": True}])
+    sections, _ = family_sections(settings, FAMILY, _tables_in(tmp_path, posteriors=post, reading=reading), {},
+                                  UPSTREAM, chains=2)
+    labels = {s.heading: s for s in sections}["Section 8 reading: its labels and the estimands"].table
+    gate_b = labels.set_index("input").loc["gate_b"]
+    assert gate_b["label the reading used"] == "supported"
+    assert gate_b["label as read (estimands)"] == NOT_CONVERGED_TEXT
+    assert labels.set_index("input").loc["h2", "label as read (estimands)"] == "unresolved"

@@ -19,6 +19,7 @@ from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
 from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.core.registered import Registered
+from fear_assets.reading.steps import LABELS as READING_LABELS, labels_table
 from fear_assets.core.settings import DepthBand, ProtocolSettings
 from fear_assets.report.stage2 import (FamilyReport, Provenance, Ran, Section, cite_all, deviations, hypotheses_table,
                                       html_to_pdf, plain, render_html)
@@ -154,6 +155,12 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
             f"Qualifiers: {reading['qualifiers'] or 'none'}.\nFlags: {reading['flags'] or 'none'}.",
             tables["reading"][["code", "row", "h2", "h5", "gate_a", "gate_b", "gate_c", "descriptive_only"]],
             sources.get("reading", [])))
+        if have("posteriors"):
+            # The reading's labels beside their estimands' labels as read (the hypotheses table's
+            # words), so a label the reading used from a non-converged fit is stated as such.
+            sections.append(Section("Section 8 reading: its labels and the estimands", "",
+                                    labels_table({k: reading[k] for k in READING_LABELS}, tables["posteriors"]),
+                                    [*sources.get("reading", []), *sources.get("posteriors", [])]))
     else:
         sections.append(missing("Section 8 reading", "reading"))
     if have("posteriors"):
