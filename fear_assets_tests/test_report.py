@@ -100,7 +100,7 @@ def _posteriors():
 def test_the_report_states_a_non_converged_label_as_not_to_be_read_and_names_every_source():
     hyp = hypotheses_table(_posteriors())
     by = hyp.set_index("contrast")["label as read"]
-    assert by["H2"] == "supported" and by["H4"] == NOT_CONVERGED_TEXT and by["gate_a"] == "not_scored"
+    assert by["H2"] == "supported" and by["H4"] == NOT_CONVERGED_TEXT and by["gate_a"] == "not scored"
     assert "H1_recall" not in by.index  # secondary estimands are not the registered hypotheses
     src = Provenance("posteriors", "fam", "run-123", "dv-9")
     doc = render_html("Stage 2 report: fam", "preamble", [FamilyReport("fam", [Section("Hypotheses", "", hyp, [src])])])

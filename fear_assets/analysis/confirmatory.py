@@ -96,6 +96,8 @@ class Result:
     # The convergence remedy's runs (fits.remedied): one row per run of every remedied fit.
     extensions: list[dict] = field(default_factory=list)
     exclusions: pd.DataFrame | None = None  # 4.8: per cell, trials, excluded and each reason's count
+    # Every fit's InferenceData by fit name (primary, refits, gate c, H5, controls, paired fits), saved.
+    inference: dict[str, object] = field(default_factory=dict)
 
 
 def _missing(name: str, kind: str, status: str, note: str) -> dict:
@@ -138,6 +140,8 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         """A contrast of fits already made (no rerun of its own)."""
         row = summary(name, kind, draws, fit, scale, rope, note)
         row["convergence_problems"] = "; ".join(convergence_problems(row, reg.convergence))
+        if getattr(fit, "idata", None) is not None:
+            out.inference[name] = fit.idata
         return put(row, draws)
 
     def fit_remedied(name: str, fit_at, contrasts, draws: int | None = None):
@@ -148,6 +152,10 @@ def run(inputs: Inputs, fitter: Fitter) -> Result:
         result = remedied(name, lambda n: (lambda fit: (fit, contrasts(fit)))(fit_at(fitter.with_draws(n), n)),
                           schedule, reg.convergence)
         out.extensions += result.runs
+        # The reported run's fit (a Fit or ControlFit carries its idata; H5's value is the idata).
+        idata = getattr(result.value, "idata", result.value)
+        if idata is not None and hasattr(idata, "posterior"):
+            out.inference[name] = idata
         rows = [put(row, result.draws[row["contrast"]]) for row in result.rows]
         return result.value, rows
 

@@ -27,7 +27,7 @@ declared here rather than dropped silently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -116,13 +116,15 @@ ADDRESSEE_AGENTS = ("addressee", "other_person")
 
 @dataclass
 class ControlFit:
-    """One control's fit: the contrast's draws, the rows fitted, the chains and diagnostics."""
+    """One control's fit: the contrast's draws, the rows fitted, the chains and diagnostics,
+    and the fit's InferenceData (saved beside the estimands)."""
 
     name: str
     draws: np.ndarray
     rows: int
     chains: int
     diagnostics: dict
+    idata: object = field(default=None, repr=False)
 
 
 def matched_primary(control: pd.DataFrame, primary: pd.DataFrame) -> pd.DataFrame:
@@ -146,7 +148,7 @@ def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame,
         mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
                         check_band(band, levels["depth"], f"control {name}"))
         draws = CONTRASTS[name](mu, None)
-        return ControlFit(name, draws, len(control), int(idata.posterior.sizes["chain"]), convergence(idata))
+        return ControlFit(name, draws, len(control), int(idata.posterior.sizes["chain"]), convergence(idata), idata)
     matched = matched_primary(control, primary)
     if matched.empty:
         raise ValueError(f"control {name}: no primary trial on its frames and depths; score the primary block there")
@@ -158,7 +160,7 @@ def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame,
     mu = block_cell_means(idata, d, band)
     draws = CONTRASTS[name](mu["control"], mu["primary"])
     return ControlFit(name, draws, len(data), int(idata.posterior.sizes["chain"]),
-                      convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
+                      convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")), idata)
 
 
 def pilot_control_rows(fitter, control_table: Callable[[str], pd.DataFrame], primary: pd.DataFrame,

@@ -60,6 +60,8 @@ class H4Fit:
     practically_meaningful: bool
     diagnostics: dict
     idata: object
+    #: The H4 contrast's draws (chain-major), for its trace and rank plots.
+    draws: np.ndarray | None = None
 
 
 def h4_model_data(data: pd.DataFrame, fears: Sequence[str]):
@@ -78,7 +80,8 @@ def fit_h4(data: pd.DataFrame, fears: Sequence[str], band: Sequence[int], priors
     h4 = np.asarray(hypotheses(mu)["H2"])
     low, high = (float(v) for v in az.hdi(h4, hdi_prob=hdi_prob))
     decision = label(low, high, sesoi)
-    return H4Fit(float(h4.mean()), low, high, decision.label, decision.practically_meaningful, convergence(idata), idata)
+    return H4Fit(float(h4.mean()), low, high, decision.label, decision.practically_meaningful, convergence(idata), idata,
+                 h4)
 
 
 #: H4's label when a control probe decodes away from chance (6.1: "H4 is declared uninterpretable").

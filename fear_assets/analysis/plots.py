@@ -21,6 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fear_assets.analysis.estimands import NOT_CONVERGED_TEXT, label_as_read  # noqa: F401 - NOT_CONVERGED_TEXT re-exported
 from fear_assets.models.decision import label
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,14 +35,26 @@ COLOURS = {"supported": "#1b7837", "practically_equivalent": "#2166ac", "contrar
 #: A label whose fit missed the convergence rule (6.1) is drawn in its own grey, hatched and
 #: captioned so; never in a label's colour, least of all that of "supported".
 NOT_CONVERGED_COLOUR = "#a6a6a6"
-NOT_CONVERGED_TEXT = "not converged — not to be read"
 
 
-def row_style(label: str, converged: bool) -> tuple[str, str]:
-    """(colour, caption) of one forest row: a non-converged fit is never drawn as its label."""
+def row_style(label: str, converged: bool, note: str = "") -> tuple[str, str]:
+    """(colour, caption) of one forest row: a non-converged fit is never drawn as its label;
+    the caption is the row's label as read, the same words the estimands tables show."""
+    caption = label_as_read({"status": "estimated", "label": label, "converged": converged, "note": note})
     if not converged:
-        return NOT_CONVERGED_COLOUR, NOT_CONVERGED_TEXT
-    return COLOURS.get(label, "#333333"), label.replace("_", " ")
+        return NOT_CONVERGED_COLOUR, caption
+    return COLOURS.get(label, "#333333"), caption
+
+
+def forest_row_labels(table: pd.DataFrame) -> list[str]:
+    """The forest plot's y-axis labels, top row first: contrast, its scale and its label as
+    read (a row without a label and converged gets no caption)."""
+    names = []
+    for r in table.itertuples(index=False):
+        name = f"{r.contrast} ({r.scale})" if r.scale else r.contrast
+        caption = row_style(r.label, r.converged)[1] if (r.label or not r.converged) else ""
+        names.append(f"{name}: {caption}" if caption else name)
+    return names
 
 
 def _figure(width: float, height: float):
@@ -153,15 +166,48 @@ def forest_plot(contrasts: Mapping[str, np.ndarray] | pd.DataFrame, rope: tuple[
         ax.hlines(yi, row.hdi_low, row.hdi_high, color=colour, linewidth=2.2, zorder=2,
                   linestyles="solid" if row.converged else "dashed")
         ax.plot(row.mean, yi, "o" if row.converged else "x", color=colour, zorder=3)
-    names = [f"{r.contrast} ({r.scale})" if r.scale else r.contrast for r in table.itertuples(index=False)]
-    captions = [row_style(lab, conv)[1] if (lab or not conv) else ""
-                for lab, conv in zip(table["label"], table["converged"])]
-    names = [f"{name}: {cap}" if cap else name for name, cap in zip(names, captions)]
-    ax.set_yticks(y, names)
+    ax.set_yticks(y, forest_row_labels(table))
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlabel(f"posterior mean and {hdi_prob:.0%} HDI; shaded: each contrast's ROPE on its own scale")
     ax.set_title(title)
     return _png(fig)
+
+
+def _chains_of(draws: np.ndarray, chains: int) -> np.ndarray:
+    x = np.asarray(draws, dtype=float).ravel()
+    chains = chains if chains >= 1 and x.size % chains == 0 and x.size // chains >= 2 else 1
+    return x.reshape(chains, -1)
+
+
+def trace_plot(name: str, draws: np.ndarray, chains: int) -> bytes:
+    """ArviZ's trace plot of one contrast's draws (chain-major, ``chains`` chains): the
+    density and the trace of each chain, drawn on an off-screen figure."""
+    import arviz as az
+
+    data = az.from_dict(posterior={name: _chains_of(draws, chains)})
+    fig = Figure(figsize=(7.0, 1.8))
+    FigureCanvasAgg(fig)
+    axes = np.array([fig.subplots(1, 2)])
+    az.plot_trace(data, var_names=[name], axes=axes, compact=False, show=False)
+    axes[0, 0].set_title(f"{name}: posterior by chain", fontsize="small")
+    axes[0, 1].set_title(f"{name}: trace", fontsize="small")
+    return _png(fig)
+
+
+def rank_plot(name: str, draws: np.ndarray, chains: int) -> bytes:
+    """ArviZ's rank plot of one contrast's draws: a well-mixed fit has flat rank histograms."""
+    import arviz as az
+
+    data = az.from_dict(posterior={name: _chains_of(draws, chains)})
+    fig, ax = _figure(3.5, 1.8)
+    az.plot_rank(data, var_names=[name], ax=ax, show=False)
+    ax.set_title(f"{name}: rank by chain", fontsize="small")
+    return _png(fig)
+
+
+def diagnostic_plots(draws: Mapping[str, np.ndarray], chains: int) -> dict[str, tuple[bytes, bytes]]:
+    """Trace and rank plots (PNG bytes) of every contrast in ``draws``, by contrast."""
+    return {name: (trace_plot(name, x, chains), rank_plot(name, x, chains)) for name, x in draws.items()}
 
 
 def delta_by_depth_plot(table: pd.DataFrame) -> bytes:

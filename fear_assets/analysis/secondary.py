@@ -15,9 +15,11 @@ import numpy as np
 import pandas as pd
 
 from fear_assets.analysis.controls import ControlFit, matched_primary
+from fear_assets.analysis.estimands import DISAGREES_NOTE
 from fear_assets.analysis.frequentist import label_disagreements, mixed_model_contrasts
 from fear_assets.analysis.mediation import NotEstimable, attention_mediation, h2_with_without_covariates
 from fear_assets.analysis.topic_frequency import load_topic_counts
+from fear_assets.core.numbers import yes_no
 from fear_assets.models.data import AGENTS, levels_of
 from fear_assets.models.decision import label
 from fear_assets.models.exclusions import exclusion_rates
@@ -81,7 +83,7 @@ def paired_h2_difference(fitter, condition: str, block: pd.DataFrame, primary: p
     h = block_hypotheses(idata, d, band)
     draws = h[condition]["H2"] - h["default"]["H2"]
     return ControlFit(condition, draws, len(data), int(idata.posterior.sizes["chain"]),
-                      convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")))
+                      convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")), idata)
 
 
 def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence[str], level: float, sesoi: float,
@@ -100,8 +102,8 @@ def frequentist_rows(primary: pd.DataFrame, fears: Sequence[str], band: Sequence
     for r in labelled.to_dict("records"):
         out.append(_row(f"frequentist_{r['hypothesis']}", "estimated",
                         f"linear mixed model ({freq.attrs.get('random_effects', '')}), {level:.0%} Wald interval; "
-                        f"converged: {freq.attrs.get('converged')}; Bayesian label {r['bayesian_label']}"
-                        + ("; DISAGREES (reported, not applied)" if r["disagree"] else ""),
+                        f"converged: {yes_no(freq.attrs.get('converged'))}; Bayesian label {r['bayesian_label']}"
+                        + (f"; {DISAGREES_NOTE}" if r["disagree"] else ""),
                         mean=r["estimate"], hdi_low=r["ci_low"], hdi_high=r["ci_high"],
                         label=r["frequentist_label"], kind="sensitivity"))
     return out

@@ -92,6 +92,8 @@ def h4_posterior(view: Registered, bank, probe_outputs: pd.DataFrame, probe_cont
     path = directory / f"h4_{frame_set}.nc"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_inference_data(fit.idata, path)
+    if fit.draws is not None:
+        np.savez(h4_contrast_path(path), H4=np.asarray(fit.draws))
     # 6.1's rules are flags on H4's row: the ceiling comes from the record (declared before
     # collection), the control probes from the analysed frame set and the pilot.
     interpretable, estimation_only = h4_declared(controls[controls["frame_set"] == frame_set], record)
@@ -121,6 +123,8 @@ class PosteriorsResult:
     depth_png: bytes
     compilations: int
     result: Result = field(repr=False)
+    #: Every fit's InferenceData file (fit, file, sha256), also written as ``fits.csv``.
+    fits_table: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
 
 def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_scores: pd.DataFrame,
@@ -168,6 +172,7 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     draws_path, primary_path = directory / "contrasts.npz", directory / "primary.nc"
     np.savez(draws_path, **result.draws)
     write_inference_data(result.fits["primary"].idata, primary_path)
+    fits = save_fits(result.inference, directory, primary_path, h4_posterior)
     flags = estimand_flags(record, frame_set == "pilot", family.stand_in, PILOT_FALLBACK_NOTE)
     table = table.assign(family=family_key, frame_set=frame_set, band_depths=",".join(band),
                          h5_depth=depth_key(record["h5_depth"]),
@@ -184,7 +189,55 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     (directory / "forest.png").write_bytes(forest)
     (directory / "delta_by_depth.png").write_bytes(depth_png)
     return PosteriorsResult(table, frame_set, bool(prefix), tuple(flags), str(directory), str(draws_path),
-                            forest, depth_png, fitter.compilations, result)
+                            forest, depth_png, fitter.compilations, result, fits)
+
+
+def h4_contrast_path(fit_path: str | Path) -> Path:
+    """Where H4's contrast draws lie beside its fit's InferenceData (``h4_<frame set>.nc``)."""
+    fit_path = Path(fit_path)
+    return fit_path.with_name(fit_path.stem + "_contrast.npz")
+
+
+def contrast_draws(posteriors: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Every reported contrast's stored draws (chain-major): the estimands' ``contrasts.npz``
+    and H4's own file beside its fit, where stored; empty where nothing is."""
+    out: dict[str, np.ndarray] = {}
+    if "draws_file" in posteriors.columns and len(posteriors):
+        path = Path(str(posteriors["draws_file"].iloc[0]))
+        if path.is_file():
+            with np.load(path) as z:
+                out.update({k: np.asarray(z[k]) for k in z.files})
+        fits = path.parent / FITS_FILE
+        if fits.is_file():
+            for r in pd.read_csv(fits).itertuples():
+                if str(r.fit).startswith("H4") and h4_contrast_path(r.file).is_file():
+                    with np.load(h4_contrast_path(r.file)) as z:
+                        out["H4"] = np.asarray(z["H4"])
+    return out
+
+
+FITS_FILE = "fits.csv"
+FITS_COLUMNS = ["fit", "file", "sha256"]
+
+
+def save_fits(inference: dict, directory: Path, primary_path: Path, h4_posterior: pd.DataFrame) -> pd.DataFrame:
+    """Every fit's InferenceData as netCDF under ``directory`` (``fit_<name>.nc``; the primary
+    fit is ``primary.nc`` and H4's is the ``h4_posterior`` file), with its sha256, listed in
+    ``directory/fits.csv`` for the Stage 2 report."""
+    rows = [{"fit": "primary", "file": str(primary_path), "sha256": sha256_file(primary_path)}]
+    for name, idata in inference.items():
+        if name == "primary":
+            continue
+        path = directory / f"fit_{name}.nc"
+        write_inference_data(idata, path)
+        rows.append({"fit": name, "file": str(path), "sha256": sha256_file(path)})
+    for r in h4_posterior.to_dict("records"):
+        if r.get("draws_file"):
+            rows.append({"fit": f"H4 ({r.get('frame_set', '')})", "file": str(r["draws_file"]),
+                         "sha256": str(r.get("draws_sha256", ""))})
+    table = pd.DataFrame(rows, columns=FITS_COLUMNS)
+    table.to_csv(directory / FITS_FILE, index=False)
+    return table
 
 
 def fits_frames(result: Result) -> dict[str, Any]:

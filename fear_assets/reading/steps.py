@@ -11,7 +11,8 @@ import pandas as pd
 
 from fear_assets.core.settings import Family
 from fear_assets.reading.decision import Reading, section8_reading
-from fear_assets.reading.inputs import cross_family_statement, reading_flags, reading_inputs
+from fear_assets.analysis.estimands import label_as_read, with_converged
+from fear_assets.reading.inputs import GATE_CONTRASTS, cross_family_statement, reading_flags, reading_inputs
 
 #: The reading's fields that come straight from its inputs.
 LABELS = ("h2", "h5", "gate_a", "gate_b", "gate_c")
@@ -45,6 +46,23 @@ def family_reading(family_key: str, posteriors: pd.DataFrame, registration_recor
            "gates_underpowered": "not run" if args["gates_underpowered"] is None else str(args["gates_underpowered"]),
            "gates_not_scored": ",".join(reading.not_scored_gates), "flags": "; ".join(flags)}
     return ReadingResult(pd.DataFrame([row]), reading, {k: args[k] for k in LABELS}, tuple(flags))
+
+
+#: The estimand each of the reading's labels comes from.
+LABEL_CONTRASTS = {"h2": "H2", "h5": "H5", **GATE_CONTRASTS}
+
+
+def labels_table(labels: Mapping[str, str], posteriors: pd.DataFrame) -> pd.DataFrame:
+    """The reading's inputs as a researcher checks them: each label the reading used beside
+    its estimand's label as read (the estimands table's and the forest plot's words), so a
+    label whose fit did not converge is never shown as if it could be read."""
+    by = {r["contrast"]: r for r in with_converged(posteriors).to_dict("records")}
+    rows = []
+    for key, value in labels.items():
+        contrast = LABEL_CONTRASTS.get(key, key)
+        rows.append({"input": key, "estimand": contrast, "label the reading used": str(value).replace("_", " "),
+                     "label as read (estimands)": label_as_read(by[contrast]) if contrast in by else "not estimated"})
+    return pd.DataFrame(rows, columns=["input", "estimand", "label the reading used", "label as read (estimands)"])
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.plots import (COLOURS, NOT_CONVERGED_COLOUR, NOT_CONVERGED_TEXT, _figure, _png,
-                                        markdown_image)
+from fear_assets.analysis.estimands import NOT_CONVERGED_TEXT
+from fear_assets.analysis.plots import COLOURS, NOT_CONVERGED_COLOUR, _figure, _png, markdown_image
 
 __all__ = ["probe_accuracy_plot", "matching_plot", "binding_plot", "label_frequency_plot", "name_gate_table", "name_gate_plot",
            "markdown_image"]

@@ -5,21 +5,24 @@ A section whose asset is not materialised yet says so; nothing is filled in."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.plots import forest_plot
+from fear_assets.analysis.estimands import estimand_records, estimand_view
+from fear_assets.analysis.plots import diagnostic_plots, forest_plot
+from fear_assets.analysis.steps import FITS_FILE, contrast_draws
 from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
 from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.core.registered import Registered
+from fear_assets.reading.steps import LABELS as READING_LABELS, labels_table
 from fear_assets.core.settings import DepthBand, ProtocolSettings
 from fear_assets.report.stage2 import (FamilyReport, Provenance, Ran, Section, cite_all, deviations, hypotheses_table,
-                                      html_to_pdf, render_html)
+                                      html_to_pdf, plain, render_html)
 from fear_assets.core.settings import depth_key
 
 
@@ -71,19 +74,69 @@ def ran_facts(settings, family_key: str, record: dict, posteriors, scores, frame
     return registered, ran
 
 
+#: Why a materialised input can hold no rows (the report says so instead of "not materialised").
+EMPTY_REASONS = {"probe_controls": "no confirmatory probe ran", "reading": "no reading stored",
+                 "pilot_controls": "no positive control scored"}
+
+
+def absent_text(family_key: str, tables: Mapping[str, pd.DataFrame | None], upstream: Mapping[str, str],
+                names: Sequence[str]) -> str:
+    """What is true of inputs a section cannot show: "not materialised yet" only for those with
+    no stored materialisation; a materialised input with no rows says so and why."""
+    parts = []
+    unmaterialised = [upstream[n] for n in names if tables.get(n) is None]
+    if unmaterialised:
+        parts.append("not materialised yet: " + ", ".join(unmaterialised))
+    for n in names:
+        if tables.get(n) is not None and not len(tables[n]):
+            reason = EMPTY_REASONS.get(n, "nothing stored for this family")
+            parts.append(f"{upstream[n]} materialised, 0 rows: {reason}")
+    return "; ".join(parts) + f" (family {family_key})"
+
+
+def readable_json(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``table`` with its JSON-text ``columns`` (as some stored tables keep mappings) written
+    as ``key: value`` pairs, never a JSON dump; other text is kept."""
+    def one(value: object) -> object:
+        try:
+            parsed = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            return value
+        return plain(parsed) if isinstance(parsed, (dict, list)) else value
+    return table.assign(**{c: [one(v) for v in table[c]] for c in columns if c in table.columns})
+
+
+def readable_gates(gates: pd.DataFrame) -> pd.DataFrame:
+    """The registration gates' rows with their numbers as ``key: value`` pairs (the record
+    stores them as JSON)."""
+    return readable_json(gates, ["numbers"])
+
+
+def fits_table(posteriors: pd.DataFrame) -> pd.DataFrame | None:
+    """Every fit's InferenceData file with its sha256 (the analysis' ``fits.csv``), and whether
+    the file is there; None where the analysis wrote no list."""
+    path = Path(str(posteriors["draws_file"].iloc[0])).parent / FITS_FILE if len(posteriors) else None
+    if path is None or not path.is_file():
+        return None
+    fits = pd.read_csv(path, dtype=str)
+    return fits.assign(present=[Path(f).is_file() for f in fits["file"]])
+
+
 def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | None],
-                    sources: dict[str, list[Provenance]], upstream: Mapping[str, str]):
+                    sources: dict[str, list[Provenance]], upstream: Mapping[str, str], chains: int | None = None):
     """The report's sections for one family from whatever is stored: a section whose asset is
-    not materialised yet says so (the report can be read at any stage; nothing is filled in)."""
+    not materialised yet says so, and one whose asset holds no rows says that (the report can
+    be read at any stage; nothing is filled in). ``chains``: the fits' chains (the trace and
+    rank plots split the stored draws by chain)."""
     cite = lambda name: cite_all(sources.get(name, []))
     have = lambda *names: all(tables.get(n) is not None and len(tables[n]) for n in names)
-    missing = lambda heading, *names: Section(heading, "not materialised yet: " + ", ".join(
-        upstream[n] for n in names if not have(n)) + f" (family {family_key})")
+    missing = lambda heading, *names: Section(heading, absent_text(family_key, tables, upstream,
+                                                                   [n for n in names if not have(n)]))
+    chains = settings.sampler.chains if chains is None else chains
     sections, n_dev = [], 0
     record = json.loads(tables["registration_record"]["record_json"].iloc[0]) if have("registration_record") else None
     if record is not None:
-        reg = pd.DataFrame([{"item": k, "value": json.dumps(record[k]) if isinstance(record[k], (list, dict))
-                             else record[k]}
+        reg = pd.DataFrame([{"item": k, "value": plain(record[k])}
                             for k in ("protocol", "protocol_version", "status", "mode", "settings_sha256",
                                       "bank_sha256", "manifest_sha256", "analysis_code_sha256", "selected_names",
                                       "selected_frames", "depth_band", "h5_depth", "pilot_sigma", "pilot_sigma_judge",
@@ -102,6 +155,12 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
             f"Qualifiers: {reading['qualifiers'] or 'none'}.\nFlags: {reading['flags'] or 'none'}.",
             tables["reading"][["code", "row", "h2", "h5", "gate_a", "gate_b", "gate_c", "descriptive_only"]],
             sources.get("reading", [])))
+        if have("posteriors"):
+            # The reading's labels beside their estimands' labels as read (the hypotheses table's
+            # words), so a label the reading used from a non-converged fit is stated as such.
+            sections.append(Section("Section 8 reading: its labels and the estimands", "",
+                                    labels_table({k: reading[k] for k in READING_LABELS}, tables["posteriors"]),
+                                    [*sources.get("reading", []), *sources.get("posteriors", [])]))
     else:
         sections.append(missing("Section 8 reading", "reading"))
     if have("posteriors"):
@@ -114,11 +173,29 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
                                 "A label whose fit did not converge is stated as not to be read.",
                                 hypotheses_table(post), sources.get("posteriors", []), image_png=forest,
                                 image_alt="forest plot of H1-H5 and the gates"))
+        sections.append(Section("Every estimand (6.2; 5)", "Every registered estimand with what its number is, its "
+                                "label as read and its diagnostics; the same rows are written beside this report "
+                                "as estimands.csv and estimands.json.", estimand_view(post),
+                                sources.get("posteriors", [])))
+        draws = contrast_draws(post)
+        plots = diagnostic_plots(draws, chains)
+        sections.append(Section(
+            "Convergence diagnostics: trace and rank plots", "For every reported contrast with stored draws (ArviZ "
+            "plot_trace and plot_rank; a mixed fit shows overlapping chains and flat rank histograms): "
+            + (", ".join(plots) or "none stored") + ".", None, sources.get("posteriors", []),
+            images=[img for name, (trace, rank) in plots.items()
+                    for img in ((trace, f"trace plot of {name}"), (rank, f"rank plot of {name}"))]))
+        fits = fits_table(post)
+        sections.append(Section("Fits (InferenceData, netCDF)", "Every fit's posterior as saved by the analysis, with "
+                                "its sha256 (open with arviz.from_netcdf).", fits, sources.get("posteriors", []))
+                        if fits is not None else Section("Fits (InferenceData, netCDF)",
+                                                         "no list of fits stored beside the draws (re-materialise "
+                                                         f"posteriors) (family {family_key})"))
     else:
         sections.append(missing("Hypotheses, gates and controls", "posteriors"))
     if record is not None:
         sections.append(Section("Registration gates (pilot)", "",
-                                tables["registration_record"][["gate", "passed", "numbers", "message"]],
+                                readable_gates(tables["registration_record"][["gate", "passed", "numbers", "message"]]),
                                 sources.get("registration_record", [])))
     for name, heading, cols in (
             ("pilot_controls", "Positive controls (4.6)", ["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]),
@@ -154,6 +231,23 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
     return sections, n_dev
 
 
+ESTIMANDS_CSV, ESTIMANDS_JSON = "estimands.csv", "estimands.json"
+
+
+def write_estimands(directory: Path, posteriors: pd.DataFrame | None) -> dict:
+    """The estimands beside the HTML: ``estimands.csv`` (the report's rows as written) and
+    ``estimands.json`` (the same rows and labels, with the raw numbers); paths and sha256s."""
+    if posteriors is None or not len(posteriors):
+        return {"estimands_csv": "", "estimands_json": ""}
+    directory.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = directory / ESTIMANDS_CSV, directory / ESTIMANDS_JSON
+    estimand_view(posteriors).to_csv(csv_path, index=False)
+    json_path.write_text(json.dumps(estimand_records(posteriors), indent=1, ensure_ascii=False) + "\n",
+                         encoding="utf-8")
+    return {"estimands_csv": str(csv_path), "estimands_csv_sha256": sha256_file(csv_path),
+            "estimands_json": str(json_path), "estimands_json_sha256": sha256_file(json_path)}
+
+
 def write_report(directory: Path, name: str, document: str) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.html"
@@ -185,6 +279,10 @@ class WrittenReport:
     reading: str
     #: The inputs not materialised yet (their asset names), in the inputs' order.
     missing: tuple[str, ...]
+    #: The inputs materialised with no rows for this family (their asset names).
+    empty: tuple[str, ...] = ()
+    #: The estimands written beside the HTML (paths and sha256s; empty where no posteriors).
+    estimands: Mapping[str, str] = field(default_factory=dict)
 
 
 def family_report(view: Registered, tables: Mapping[str, pd.DataFrame | None],
@@ -194,15 +292,18 @@ def family_report(view: Registered, tables: Mapping[str, pd.DataFrame | None],
     readings from Section 8 stated as they fall"), written under ``directory`` from whatever
     is stored; the reading is the stored one, or "not materialised yet"."""
     family_key = view.family.key
-    sections, n_dev = family_sections(view.settings, family_key, dict(tables), sources, upstream)
+    sections, n_dev = family_sections(view.settings, family_key, dict(tables), sources, upstream,
+                                      chains=view.sampler.chains)
     document = render_html(f"Stage 2 report: {family_key}", preamble_text(view.settings),
                            [FamilyReport(family_key, sections)])
     row = write_report(directory, "stage2_report", document)
+    estimands = write_estimands(directory, tables.get("posteriors"))
     stored = tables["reading"]
     reading = stored["code"].iloc[0] if stored is not None and len(stored) else "not materialised yet"
     table = pd.DataFrame([{"family": family_key, **row, "deviations": n_dev, "reading": reading}])
     return WrittenReport(table, row["html_path"], row["html_sha256"], row["pdf_path"], n_dev, reading,
-                         tuple(upstream[n] for n, t in tables.items() if t is None))
+                         tuple(upstream[n] for n, t in tables.items() if t is None),
+                         tuple(upstream[n] for n, t in tables.items() if t is not None and not len(t)), estimands)
 
 
 def all_families_report(settings: ProtocolSettings, reading: pd.DataFrame, posteriors: pd.DataFrame,
@@ -225,8 +326,8 @@ def all_families_report(settings: ProtocolSettings, reading: pd.DataFrame, poste
             Section("Family report", "", stage2_report[stage2_report["family"] == f][["html_path", "html_sha256"]],
                     list(provenance("registration_record", [f]))),
         ]))
-    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]), cross_family,
-                      provenance("cross_family", [None]))]
+    across = [Section("Cross-family statement", str(cross_family["statement"].iloc[0]),
+                      readable_json(cross_family, ["families", "descriptive_only"]), provenance("cross_family", [None]))]
     document = render_html("Stage 2 report: all families", preamble_text(settings), families, across)
     row = write_report(directory, "stage2_report_all", document)
     table = pd.DataFrame([{"families": ", ".join(fams), **row}])

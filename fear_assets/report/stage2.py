@@ -15,13 +15,15 @@ data URIs); the Dagster asset only gathers the inputs and writes the file.
 from __future__ import annotations
 
 import html
-import json
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
-from fear_assets.analysis.plots import NOT_CONVERGED_TEXT
+from fear_assets.analysis.estimands import estimand_view
+from fear_assets.core.numbers import MISSING, Quantity, is_missing, number, yes_no
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class Section:
     sources: Sequence[Provenance] = ()
     image_png: bytes | None = None
     image_alt: str = ""
+    #: Further figures (PNG bytes, alt text), shown in a row after the table.
+    images: Sequence[tuple[bytes, str]] = ()
 
 
 @dataclass
@@ -68,13 +72,31 @@ class FamilyReport:
 DEVIATION_COLUMNS = ["item", "registered", "ran", "deviates", "source"]
 
 
+def plain(value: object, quantity: Quantity = "estimate") -> str:
+    """A stored value as a reader reads it: lists comma-joined, mappings as ``key: value``
+    pairs, flags yes/no, numbers by ``core.numbers``, missing as n/a; never a Python or
+    JSON repr."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(plain(v, quantity) for v in value) if value else "none"
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {plain(v, quantity)}" for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))) \
+            if value else "none"
+    if is_missing(value):
+        return MISSING
+    if isinstance(value, (bool, np.bool_)):
+        return yes_no(value)
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return number(value, "count" if isinstance(value, (int, np.integer)) else quantity)
+    return str(value)
+
+
 def _norm(value: object) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "none"
     if isinstance(value, (list, tuple, set, frozenset)):
         return ", ".join(str(v) for v in value) if value else "none"
     if isinstance(value, Mapping):
-        return json.dumps(dict(value), sort_keys=True) if value else "none"
+        return plain(dict(value)) if value else "none"
     return str(value)
 
 
@@ -121,42 +143,66 @@ def deviations(registered: Mapping[str, object], ran: Mapping[str, Ran],
 # Hypotheses: a label that is not to be read is stated as such
 # ---------------------------------------------------------------------------------------
 def hypotheses_table(posteriors: pd.DataFrame) -> pd.DataFrame:
-    """H1-H5, the gates and the controls with their HDIs and labels (6.2). A contrast whose
-    fit missed the convergence rule keeps its numbers but its label reads "not converged —
-    not to be read" (6.1), never the label the HDI would give."""
+    """H1-H5, the gates and the controls with their HDIs and labels (6.2), as the estimands
+    view writes them (``analysis.estimands.estimand_view``: one number format, converged
+    yes/no, whole ESS). A contrast whose fit missed the convergence rule keeps its numbers
+    but its label reads "not converged — not to be read" (6.1), never the label the HDI
+    would give: the same words as the forest plot's."""
     need = ["contrast", "kind", "status", "mean", "hdi_low", "hdi_high", "label", "converged"]
     missing = [c for c in need if c not in posteriors.columns]
     if missing:
         raise ValueError(f"posteriors lacks column(s) {missing}: re-materialise posteriors")
-    table = posteriors[posteriors["kind"].isin(["confirmatory", "gate", "control"])][need].copy()
-    converged = table["converged"].fillna(False).astype(bool)
-    table["label as read"] = table["label"].fillna("").where(converged, NOT_CONVERGED_TEXT)
-    table.loc[table["status"] != "estimated", "label as read"] = table["status"]
     order = {"confirmatory": 0, "gate": 1, "control": 2}
-    table = table.sort_values(["kind", "contrast"], key=lambda s: s.map(order) if s.name == "kind" else s)
-    return table.drop(columns=["label"]).reset_index(drop=True)
+    table = posteriors[posteriors["kind"].isin(list(order))]
+    table = table.assign(_order=table["kind"].map(order)).sort_values(["_order", "contrast"], kind="stable")
+    return estimand_view(table.drop(columns="_order")).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------
 # HTML
 # ---------------------------------------------------------------------------------------
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1300px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.4}
 h1{border-bottom:2px solid #333}h2{margin-top:2em;border-bottom:1px solid #ccc}h3{margin-top:1.4em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.88em}th,td{border:1px solid #bbb;padding:3px 6px;
 text-align:left;vertical-align:top}th{background:#eee}
-.source{font-size:.78em;color:#555;margin:.2em 0 1em}.flag{color:#8b0000}
-img{max-width:100%}
+table{max-width:100%}td,th{overflow-wrap:break-word;max-width:26em}
+.hash{overflow-wrap:anywhere;word-break:break-all}
+.source{font-size:.78em;color:#555;margin:.2em 0 1em;overflow-wrap:anywhere}.flag{color:#8b0000}
+img{max-width:100%}.figures img{max-width:49%;vertical-align:top}
 """
+
+#: Quantities of the report's numeric columns by name (others: integers as counts, else estimates).
+COLUMN_QUANTITIES: Mapping[str, Quantity] = {"accuracy": "probability", "interval_low": "probability",
+                                             "interval_high": "probability", "rate": "rate", "rhat": "rhat",
+                                             "ess_bulk": "ess", "ess_tail": "ess"}
+
+
+def table_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s cells as the report writes them (:func:`plain`, numbers by column
+    quantity); text cells stay as written, so an already formatted view is not re-parsed."""
+    out = {}
+    for col in table.columns:
+        quantity = COLUMN_QUANTITIES.get(str(col), "estimate")
+        out[col] = [plain(v, quantity) for v in table[col]]
+    return pd.DataFrame(out, columns=table.columns, index=table.index)
+
+
+#: A run of this many characters with no space or hyphen (a sha256, a long estimand name or path
+#: piece) may wrap anywhere; run ids already break at their hyphens.
+LONG_TOKEN = re.compile(r"([^\s<>\-]{24,})")
+
+
+def wrap_long_tokens(fragment: str) -> str:
+    """``fragment`` (escaped HTML) with every long unbroken token (a sha256, a long name) in a
+    ``span.hash`` that wraps anywhere, so a table of 64-character hashes fits its page and
+    short numbers are never split."""
+    return LONG_TOKEN.sub(r'<span class="hash">\1</span>', fragment)
 
 
 def _table_html(table: pd.DataFrame) -> str:
-    shown = table.copy()
-    for col in shown.columns:
-        if pd.api.types.is_float_dtype(shown[col]):
-            shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
-    return shown.to_html(index=False, escape=True, border=0)
+    return wrap_long_tokens(table_cells(table).to_html(index=False, escape=True, border=0))
 
 
 def _section_html(section: Section, level: int = 3) -> str:
@@ -170,7 +216,11 @@ def _section_html(section: Section, level: int = 3) -> str:
         parts.append(f'<img alt="{html.escape(section.image_alt)}" src="data:image/png;base64,{data}">')
     if section.table is not None:
         parts.append(_table_html(section.table) if len(section.table) else "<p>none</p>")
-    parts.append(f'<p class="source">Source: {html.escape(cite_all(section.sources))}</p>')
+    if section.images:
+        parts.append('<div class="figures">' + "".join(
+            f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+            for png, alt in section.images) + "</div>")
+    parts.append(wrap_long_tokens(f'<p class="source">Source: {html.escape(cite_all(section.sources))}</p>'))
     return "\n".join(parts)
 
 

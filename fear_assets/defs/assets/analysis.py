@@ -7,10 +7,12 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.analysis import steps as analysis_steps
+from fear_assets.analysis.estimands import estimand_view, h4_view
 from fear_assets.analysis.plots import markdown_image
 from fear_assets.core.hashing import sha256_file
-from fear_assets.defs.assets.steps import readable_markdown
-from fear_assets.defs.modes import GATE_DESCRIPTION, gate_severity
+from fear_assets.core.numbers import markdown_table, number
+from fear_assets.defs.metadata import partition_metadata
+from fear_assets.defs.modes import GATE_DESCRIPTION, check_family, gate_severity
 from fear_assets.defs.partitions import DEFINITION_SETTINGS, FAMILY_EXPR, all_depths_of_family, family_partitions
 from fear_assets.registration.freeze import read_record
 from fear_assets.defs.resources.protocol import ProtocolResource
@@ -18,6 +20,12 @@ from fear_assets.defs.resources.protocol import ProtocolResource
 #: 6.1's rule in the checks' descriptions, from the registered settings file.
 CONVERGENCE_RULE = analysis_steps.convergence_description(DEFINITION_SETTINGS)
 BY_DEPTH = dg.AssetIn(partition_mapping=all_depths_of_family)
+
+
+def _text_md(table: pd.DataFrame) -> dg.MetadataValue:
+    """A table whose cells are already written for a reader (the estimands view) as Markdown,
+    kept as written (no number re-parsing)."""
+    return dg.MetadataValue.md(table.to_markdown(index=False, disable_numparse=True))
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "pymc"},
@@ -40,11 +48,10 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
         view, protocol.bank(), probe_outputs, probe_controls, pilot_probe_outputs, pilot_probe_controls,
         registration_record, sentence_surprisal, confirmatory_scores, pilot_scores, assignment_key,
         read_record(protocol.registration_dir), protocol.output_path("posteriors", family_key))
-    context.log.info(f"H4 {h4.frame_set}: mean {h4.mean:.3f}, 99% HDI [{h4.hdi_low:.3f}, {h4.hdi_high:.3f}] "
-                     f"-> {h4.label}")
+    context.log.info(f"{family_key}: H4 {h4.frame_set}: mean {number(h4.mean)}, 99% HDI "
+                     f"[{number(h4.hdi_low)}, {number(h4.hdi_high)}] -> {h4.label}")
     return dg.Output(h4.table, metadata={
-        "H4": dg.MetadataValue.md(readable_markdown(h4.table[["frame_set", "mean", "hdi_low", "hdi_high", "label",
-                                                              "max_rhat", "min_ess_bulk", "divergences", "flags"]])),
+        **partition_metadata(context), "H4": _text_md(h4_view(h4.table)),
     })
 
 
@@ -53,16 +60,17 @@ def h4_posterior(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     "(registered under 'convergence'). A warning in either "
     "mode, never blocking: H4 does not change the reading (6.2), so a non-converged H4 is a "
     "flag on its own row (its label not to be read), never a stop on H2, H5 or the reading."))
-def h4_converged(h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
+def h4_converged(context: dg.AssetCheckExecutionContext, h4_posterior: pd.DataFrame) -> dg.AssetCheckResult:
     bad = analysis_steps.h4_not_converged(h4_posterior)
+    family = check_family(context, h4_posterior) or "unknown family"
     return dg.AssetCheckResult(
         passed=bad.empty, severity=dg.AssetCheckSeverity.WARN,
-        description="converged" if bad.empty else
+        description=f"{family}: H4 " + ("converged" if bad.empty else
         "not converged: " + " | ".join(f"{r.frame_set}: {r.flags}" for r in bad.itertuples()) +
         ". What to change: more tuning and draws, more frames (one frame cannot separate frame effects from the "
-        "intercept), or, where the outcome is constant (probe at the clip), nothing: H4 is estimation-only.",
-        metadata={"diagnostics": dg.MetadataValue.md(h4_posterior[["frame_set", "max_rhat", "min_ess_bulk",
-                                                                   "min_ess_tail", "divergences"]].to_markdown(index=False))},
+        "intercept), or, where the outcome is constant (probe at the clip), nothing: H4 is estimation-only."),
+        metadata={**partition_metadata(context), "family": family,
+                  "diagnostics": _text_md(h4_view(h4_posterior))},
     )
 
 
@@ -90,10 +98,9 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
         report_scoring, read_record(protocol.registration_dir), protocol.output_path("posteriors", family_key),
         protocol.output_path("topic_counts.csv"), log=context.log.info)
     table, result = out.table, out.result
-    shown = table[["contrast", "kind", "status", "mean", "hdi_low", "hdi_high", "label", "rhat", "ess_bulk",
-                   "convergence_problems"]]
     return dg.Output(table, metadata={
-        "estimands": dg.MetadataValue.md(readable_markdown(shown)),
+        **partition_metadata(context),
+        "estimands": _text_md(estimand_view(table)),
         "forest plot": dg.MetadataValue.md(markdown_image(out.forest_png, "forest plot of H1-H5 and the gates")),
         "Delta by depth": dg.MetadataValue.md(markdown_image(out.depth_png, "Delta by depth for the six cells")),
         "plots (PNG files)": dg.MetadataValue.path(out.directory),
@@ -101,10 +108,13 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
         else "confirmatory",
         "flags": "; ".join(out.flags) or "none", "model compilations": out.compilations,
         "exclusions by cell (4.8)": dg.MetadataValue.md(
-            result.exclusions.to_markdown(index=False) if result.exclusions is not None else "none"),
+            markdown_table(result.exclusions, {"rate": "rate"}) if result.exclusions is not None else "none"),
         "draws": f"{out.draws_path} (sha256 {sha256_file(out.draws_path)[:12]})",
-        "frame effects sampled (registered rule, per fit)": dg.MetadataValue.json(analysis_steps.fits_frames(result)),
-        "convergence remedy runs": dg.MetadataValue.md(readable_markdown(pd.DataFrame(result.extensions))
+        "fits (InferenceData, netCDF)": _text_md(out.fits_table),
+        "frame effects sampled (registered rule, per fit)": dg.MetadataValue.md(markdown_table(pd.DataFrame(
+            [{"fit": k, "frame effects": v} for k, v in analysis_steps.fits_frames(result).items()],
+            columns=["fit", "frame effects"]))),
+        "convergence remedy runs": dg.MetadataValue.md(markdown_table(pd.DataFrame(result.extensions))
                                                        if result.extensions else "none"),
     })
 
@@ -115,8 +125,11 @@ def posteriors(context: dg.AssetExecutionContext, protocol: ProtocolResource, co
     "and a secondary or sensitivity contrast that misses the rule are a warning and a flag."))
 def posteriors_converged(context: dg.AssetCheckExecutionContext, protocol: ProtocolResource, posteriors: pd.DataFrame) -> dg.AssetCheckResult:
     verdict = analysis_steps.convergence_verdict(posteriors)
+    family = check_family(context, posteriors) or "unknown family"
+    shown = estimand_view(verdict.estimated)[["contrast", "kind", "label as read", "converged", "R-hat", "bulk ESS",
+                                              "tail ESS", "divergences"]]
     return dg.AssetCheckResult(
         passed=verdict.passed, severity=gate_severity(protocol, context, posteriors, stops=verdict.blocking),
-        description=verdict.description,
-        metadata={"diagnostics": dg.MetadataValue.md(readable_markdown(
-            verdict.estimated[["contrast", "kind", "rhat", "ess_bulk", "ess_tail", "divergences"]]))})
+        description=f"{family}: {verdict.description}",
+        metadata={**partition_metadata(context), "family": family,
+                  "diagnostics": _text_md(shown)})

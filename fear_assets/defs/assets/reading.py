@@ -4,8 +4,10 @@ the cross-family statement."""
 import dagster as dg
 import pandas as pd
 
+from fear_assets.core.numbers import yes_no
+from fear_assets.defs.metadata import partition_metadata
 from fear_assets.defs.partitions import FAMILY_EXPR, family_partitions
-from fear_assets.reading.steps import cross_family, family_reading
+from fear_assets.reading.steps import cross_family, family_reading, labels_table
 from fear_assets.defs.resources.protocol import ProtocolResource
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb", kinds={"duckdb", "python"})
@@ -16,12 +18,16 @@ def section8_reading(context: dg.AssetExecutionContext, posteriors: pd.DataFrame
     qualifiers the protocol requires and every flag the analysis carries (failed pilot gates,
     non-converged contrasts, pilot-only data, stand-ins). The cross-family statement is
     ``cross_family_statement``."""
-    result = family_reading(context.partition_key, posteriors, registration_record)
+    meta = partition_metadata(context)
+    family = meta.get("family", str(context.partition_key))
+    result = family_reading(family, posteriors, registration_record)
     reading = result.reading
-    context.log.info(f"Section 8 reading for {context.partition_key}: {reading.code} (row {reading.row})")
+    context.log.info(f"Section 8 reading for {family}: {reading.code} (row {reading.row})")
     return dg.Output(result.table, metadata={
-        "reading": f"{reading.code} (D5 row {reading.row})",
-        "labels": ", ".join(f"{k} {v}" for k, v in result.labels.items()),
+        **meta, "reading": f"{family}: {reading.code} (D5 row {reading.row})",
+        "labels": dg.MetadataValue.md(labels_table(result.labels, posteriors).to_markdown(
+            index=False, disable_numparse=True)),
+        "descriptive only": yes_no(reading.descriptive_only),
         "qualifiers": "; ".join(reading.qualifiers) or "none", "flags": "; ".join(result.flags) or "none"})
 
 

@@ -9,6 +9,7 @@ provenance of each (asset key, partition, run id, data version) from the instanc
 import dagster as dg
 import pandas as pd
 
+from fear_assets.defs.metadata import partition_metadata
 from fear_assets.defs.partitions import FAMILY_EXPR, all_depths_of_family, family_partitions, registered_partition_keys
 from fear_assets.report.data_record import NULL_REASONS, write_data_record
 from fear_assets.report.sections import all_families_report, family_report
@@ -93,10 +94,17 @@ def stage2_report(context: dg.AssetExecutionContext) -> dg.Output[pd.DataFrame]:
     sources = {n: provenance(context.instance, n, depth_parts if n in PER_DEPTH else
                              [None if n == "frame_bank" else family_key]) for n in FAMILY_INPUTS}
     report = family_report(view, tables, sources, UPSTREAM, protocol.output_path("reports", family_key))
+    estimands = report.estimands
     return dg.Output(report.table, metadata={
+        **partition_metadata(context),
         "report": dg.MetadataValue.path(report.html_path), "html_sha256": report.html_sha256,
         "pdf": report.pdf_path or "not written (WeasyPrint not installed)", "deviations": report.deviations,
-        "reading": report.reading, "not materialised yet": ", ".join(report.missing) or "none"})
+        "reading": report.reading, "not materialised yet": ", ".join(report.missing) or "none",
+        "materialised, 0 rows": ", ".join(report.empty) or "none",
+        "estimands (CSV)": dg.MetadataValue.path(estimands["estimands_csv"]) if estimands.get("estimands_csv")
+        else "not written (posteriors not materialised yet)",
+        "estimands (JSON)": dg.MetadataValue.path(estimands["estimands_json"]) if estimands.get("estimands_json")
+        else "not written (posteriors not materialised yet)"})
 
 
 @dg.asset(kinds={"duckdb", "html"},
@@ -142,7 +150,7 @@ def data_record(context: dg.AssetExecutionContext, **tables) -> dg.Output[pd.Dat
     record = write_data_record(tables, confirmatory, scored,
                                protocol.output_path("records", family_key, "data_record.parquet"))
     return dg.Output(record.table, metadata={
-        "records": record.records, "parquet": dg.MetadataValue.path(record.path), "parquet_sha256": record.sha256,
+        **partition_metadata(context), "records": record.records, "parquet": dg.MetadataValue.path(record.path), "parquet_sha256": record.sha256,
         "null fields (why)": dg.MetadataValue.md(pd.DataFrame(
             [{"field": k, "why null": v} for k, v in NULL_REASONS.items()]).to_markdown(index=False)),
         "positive controls first": record.positive_controls})
