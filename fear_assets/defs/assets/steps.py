@@ -134,10 +134,10 @@ def fitter(settings) -> Fitter:
 
 
 def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
-    """An empty slice with its reason where a partition has nothing to build: a depth the
-    family's registered design lacks (D1) or, given ``band``, a depth outside the band (issue
-    15: a family's backfill over the depth rectangle ends green and the UI says why); None
-    where the partition is part of the design."""
+    """An empty slice with its reason where a partition has nothing to build: given ``band``,
+    a depth outside the pilot's depth band (the run ends green and the UI says why); None where
+    the partition is to be built. (A depth the family's design lacks is no partition at all:
+    ``defs.partitions``.)"""
     reason = not_applicable(settings, family_key, depth, band)
     if reason is None:
         return None
