@@ -135,9 +135,36 @@ class GatesClear(dg.AutomationCondition):
                                    compute_intersection_with_partition_keys(keep, candidates))
 
 
+class FamilyStarted(dg.AutomationCondition):
+    """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised, the
+    family read from the partition key: a family x depth asset that does not read the names
+    (``assignment_key``) has no partition mapping to them that Dagster could follow (its
+    partitions are the design's own keys, not a product with a family dimension). An
+    unpartitioned asset: once any family started."""
+
+    @property
+    def name(self) -> str:
+        return "family_started"
+
+    @property
+    def description(self) -> str:
+        return "the family's stimuli were materialised"
+
+    async def evaluate(self, context) -> dg.AutomationResult:
+        started = await context.asset_graph_view.compute_materialized_asset_subset(FAMILY_ENTRY)
+        families = set(started.expensively_compute_partition_keys())
+        candidates = context.candidate_subset
+        if context.asset_graph.get(context.key).partitions_def is None:
+            return dg.AutomationResult(context=context,
+                                       true_subset=candidates if families else context.get_empty_subset())
+        keep = {k for k in candidates.expensively_compute_partition_keys() if _family(k) in families}
+        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                                   compute_intersection_with_partition_keys(keep, candidates))
+
+
 def family_started() -> dg.AutomationCondition:
     """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised."""
-    return AC.asset_matches(FAMILY_ENTRY, ~AC.missing()).with_label("family's stimuli materialised")
+    return FamilyStarted()
 
 
 def stage_condition() -> dg.AutomationCondition:
