@@ -6,6 +6,7 @@ import dagster as dg
 import pytest
 
 from fear_assets.defs.definitions import build_definitions, partitioning_of
+from fear_assets.defs.main import family_partition_keys
 from fear_assets.defs.modes import check_family
 from fear_assets.defs.metadata import partition_metadata
 from fear_assets.defs.partitions import (family_depth_partitions, partition_key, partition_parts, power_partitions,
@@ -41,7 +42,6 @@ def test_power_simulation_has_exactly_each_familys_registered_batches(graph, set
     keys = _partitions_of(graph, "power_simulation")
     assert keys == {f"{b}|{f}" for f in settings.families for b in batch_keys_of(settings, f)}
     # the demo family's are the batches the demo runs: all of them fill after a demo main job
-    from fear_assets.defs.main import family_partition_keys
     demo = family_partition_keys(settings, EMBEDDED)["by_batch"]
     assert {k for k in keys if k.endswith(f"|{EMBEDDED}")} == set(demo) and len(demo) == len(
         batch_keys_of(settings, EMBEDDED))
