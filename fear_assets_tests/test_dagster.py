@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from fear_assets.defs.definitions import all_assets, all_checks, resources
-from fear_assets.defs.partitions import FAMILY_EXPR, family_depth_partitions, family_partitions, registered_partition_keys
+from fear_assets.defs.partitions import (FAMILY_DEPTH_EXPR, FAMILY_EXPR, family_depth_partitions, family_partitions,
+                                         partition_key, registered_partition_keys)
 from fear_assets.registration.freeze import freeze_record, write_record
 from fear_assets.defs.resources.store import SCHEMA, duckdb_io_manager
 from fear_assets.stimuli.bank import load_bank
@@ -140,22 +141,20 @@ def test_a_registered_replacement_reaches_the_confirmatory_table_through_the_rec
     assert failing not in after and reserve in after and len(after) == len(frames)
 
 
-def test_unregistered_depth_of_the_embedded_family_is_not_applicable_and_green(env):
-    # Issue 15: a depth the family's design lacks stores nothing, and its run ends green with
-    # the reason in the metadata (a backfill over all depths must not read as failed).
+def test_a_depth_outside_the_embedded_design_is_no_partition_and_cannot_be_run(env):
+    # A depth the family's design lacks must not look like a scored partition: it is no
+    # partition at all, so a run of it is refused and nothing is stored (it used to be an
+    # empty "not applicable" slice that showed as green as a scored one).
     _, db, _ = env
     _run(env, ["frame_bank"])
     _run(env, ["name_gate"], EMBEDDED)
-    result = _run(env, ["pilot_trial_table", "assignment_key"],
-                  dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d7"}))
-    assert result.success
-    events = result.get_asset_materialization_events()
-    assert {e.asset_key.path[-1] for e in events} == {"pilot_trial_table", "assignment_key"}
-    assert all("not applicable" in e.materialization.metadata["not applicable"].value for e in events)
-    assert all("registers depths d1, d2 only" in e.materialization.metadata["not applicable"].value for e in events)
+    outside = partition_key(EMBEDDED, "d7")
+    assert outside not in family_depth_partitions.get_partition_keys()
+    with pytest.raises(dg.DagsterUnknownPartitionError, match="d7"):
+        _run(env, ["pilot_trial_table", "assignment_key"], outside)
     with duckdb.connect(db, read_only=True) as con:
         tables = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
-    assert "pilot_trial_table" not in tables or _rows(db, "pilot_trial_table", "depth = 'd7'") == 0
+    assert "pilot_trial_table" not in tables and "assignment_key" not in tables
 
 
 def test_a_failed_write_keeps_the_old_rows(env, settings):
@@ -166,8 +165,7 @@ def test_a_failed_write_keeps_the_old_rows(env, settings):
     _run(env, ["pilot_trial_table"], key)
     n = _rows(db, "pilot_trial_table")
 
-    @dg.asset(name="pilot_trial_table", partitions_def=family_depth_partitions,
-              metadata={"partition_expr": {"family": "family", "depth": "depth"}})
+    @dg.asset(name="pilot_trial_table", partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR)
     def broken_trial_table():
         # Right partition columns, wrong schema: the insert fails after the delete ran.
         return pd.DataFrame({"family": [EMBEDDED], "depth": ["d1"], "unexpected": [1]})
@@ -183,7 +181,7 @@ def test_freeze_check_fails_on_a_one_character_edit_and_blocks_downstream(env, t
     registration = tmp_path / "registration"
     write_record(freeze_record(settings, load_bank(bank_copy, settings)), registration)
     res = resources(db, bank_dir=str(bank_copy), registration_dir=str(registration), cache_dir=str(tmp_path / "c"))
-    d1 = dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d1"})
+    d1 = partition_key(EMBEDDED, "d1")
     ok = _run(env, ["frame_bank", "assignment_key"], d1, res=res)
     assert all(e.passed for e in ok.get_asset_check_evaluations())
     assert "assignment_key" in {e.asset_key.path[-1] for e in ok.get_asset_materialization_events()}

@@ -272,6 +272,7 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
 
     from fear_assets.defs import progress
     from fear_assets.defs.assets.pilot import scoring as scoring_assets
+    from fear_assets.defs.partitions import partition_key
     from fear_assets.lm import resumable
     from fear_assets.defs.resources.models import LanguageModelResource
     from fear_assets.defs.resources.protocol import ProtocolResource
@@ -287,7 +288,7 @@ def test_the_scores_asset_resumes_from_chunks_and_reports_progress(partition, sm
     monkeypatch.setattr(resumable.score_resumably, "__kwdefaults__",
                         {**resumable.score_resumably.__kwdefaults__, "chunk_documents": 3})
     protocol = ProtocolResource(cache_dir=str(tmp_path / "cache"))
-    key = dg.MultiPartitionKey({"family": EMBEDDED, "depth": "d2"})
+    key = partition_key(EMBEDDED, "d2")
     table = rows.assign(selected_names=json.dumps(NAMES)) if "selected_names" not in rows else rows
     chunk_dir = resumable.chunk_directory(protocol.cache_dir, EMBEDDED, "d2", "tested")
 

@@ -29,8 +29,15 @@ def test_ess_and_counts_are_whole_numbers():
 
 def test_huge_and_tiny_numbers_switch_to_exponent_form():
     assert number(14_462_920.0, "rhat") == "1.4e7"
-    assert number(0.00012) == "1.2e-4"
+    assert number(0.00012, "value") == "1.2e-4"
     assert number(0.0) == "0.000"
+
+
+def test_an_interval_near_zero_keeps_one_form_and_its_sign():
+    # A demo HDI read [-0.153, -1.7e-4]: two forms in one interval. An estimate keeps its
+    # decimals however small; the sign still says the end lies below zero.
+    assert interval(-0.153, -0.00017) == "[-0.153, -0.000]"
+    assert number(0.00012) == "0.000" and number(2e6) == "2.0e6"
 
 
 def test_p_values_below_the_printed_precision_say_so():

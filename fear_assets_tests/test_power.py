@@ -276,6 +276,7 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     import dagster as dg
 
     from fear_assets.defs.assets.registration.power import power_simulation
+    from fear_assets.defs.partitions import partition_key
     from fear_assets.simulation.setup import run_key as _run_key
     from fear_assets.simulation.batches import batch_keys_of
     from fear_assets.defs.resources.protocol import ProtocolResource
@@ -290,13 +291,13 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     protocol = ProtocolResource(cache_dir=str(tmp_path / "cache"))
     path = batch_path(tmp_path / "power", "smollm2-135m", demo[0], _run_key(settings, "smollm2-135m", est))
     write_batch(path, _full([("supported", 20)]).head(2))
-    key = dg.MultiPartitionKey({"family": "smollm2-135m", "batch": demo[0]})
+    key = partition_key("smollm2-135m", demo[0])
+    assert key == f"{demo[0]}|smollm2-135m"  # the key the multi-partitions had
     context = dg.build_asset_context(partition_key=key)
     result = power_simulation(context, protocol=protocol, power_pilot_estimates=est)
     resumed = result.metadata["resumed"]
     assert getattr(resumed, "value", resumed) == "yes"  # a flag reads yes/no
-    wrong = dg.build_asset_context(partition_key=dg.MultiPartitionKey({"family": "smollm2-135m", "batch": keys[0]}),
-                                   )
+    wrong = dg.build_asset_context(partition_key=partition_key("smollm2-135m", keys[0]))
     with pytest.raises(ValueError, match="not part of family smollm2-135m"):
         power_simulation(wrong, protocol=protocol, power_pilot_estimates=est)
 

@@ -122,3 +122,76 @@ def test_the_store_is_chosen_by_environment_or_resource_config(monkeypatch, tmp_
     bad = StoreIOManager(database=str(tmp_path / "x.duckdb"), schema=SCHEMA, store="sqlite")
     with pytest.raises(ValueError, match="store='sqlite'"):
         bad.create_io_manager(None)
+
+
+# --- per-family partition sets (only the in-design combinations, keys "<depth>|<family>") ---
+# Family "a" registers two depths, family "b" one: the partitions hold exactly those three.
+from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, Layout, build_partitions, partition_key  # noqa: E402
+
+DESIGN = build_partitions(Layout(families=("a", "b"), depths=(("a", ("d1", "d2")), ("b", ("d1",))),
+                                 batches=(("a", ("s.b000",)), ("b", ("s.b000",)))))
+
+
+@dg.asset(name="cells", partitions_def=DESIGN.family_depth, metadata=FAMILY_DEPTH_EXPR)
+def design_cells(context: dg.AssetExecutionContext, config: Rows) -> pd.DataFrame:
+    depth, family = context.partition_key.split("|")
+    return pd.DataFrame({"family": family, "depth": depth, "x": range(config.n)})
+
+
+@dg.asset(name="per_family", partitions_def=DESIGN.family, metadata={"partition_expr": "family"},
+          ins={"cells": dg.AssetIn(partition_mapping=DESIGN.all_depths_of_family)})
+def design_per_family(context: dg.AssetExecutionContext, cells: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"family": [context.partition_key], "rows": [len(cells)],
+                         "families": [",".join(sorted(set(cells["family"])))],
+                         "depths": [",".join(sorted(set(cells["depth"])))]})
+
+
+def _materialize_design(io_manager, n: int = 3, keys=("d1|a", "d2|a", "d1|b")) -> None:
+    for key in keys:
+        assert dg.materialize([design_cells], partition_key=key, resources={"io_manager": io_manager},
+                              run_config={"ops": {"cells": {"config": {"n": n}}}}).success
+
+
+@pytest.mark.parametrize("store", ["duckdb", "parquet"])
+def test_a_per_family_asset_reads_all_depths_of_its_family_and_only_them(tmp_path, store):
+    """Through the IO manager on either store: two families' depth partitions written, one
+    family's input loads exactly that family's registered depths."""
+    assert DESIGN.family_depth.get_partition_keys() == ["d1|a", "d2|a", "d1|b"]
+    io_manager = store_io_manager(path=str(tmp_path / "x.duckdb"), store=store, root=str(tmp_path / "parquet"))
+    _materialize_design(io_manager)
+    for family in "ab":
+        assert dg.materialize([design_cells, design_per_family], selection=[design_per_family],
+                              partition_key=family, resources={"io_manager": io_manager}).success
+    with connect_store(store, path=str(tmp_path / "x.duckdb"), root=str(tmp_path / "parquet")) as con:
+        got = con.execute(f"select family, rows, families, depths from {SCHEMA}.per_family order by family").fetchall()
+        cells_columns = [r[0] for r in con.execute(f"describe {SCHEMA}.cells").fetchall()]
+    assert got == [("a", 6, "a", "d1,d2"), ("b", 3, "b", "d1")]
+    assert cells_columns == ["family", "depth", "x"]  # the stored table keeps its columns
+    if store == "parquet":  # one file per partition, hive-style per column, as before
+        files = sorted(str(p.relative_to(tmp_path / "parquet" / SCHEMA / "cells"))
+                       for p in (tmp_path / "parquet" / SCHEMA / "cells").rglob("*.parquet"))
+        assert files == ["depth=d1/family=a/data.parquet", "depth=d1/family=b/data.parquet",
+                         "depth=d2/family=a/data.parquet"]
+
+
+@pytest.mark.parametrize("store", ["duckdb", "parquet"])
+def test_a_depth_partition_is_replaced_alone_on_either_store(tmp_path, store):
+    """A rewritten partition replaces exactly its rows: the others neither lost nor duplicated."""
+    io_manager = store_io_manager(path=str(tmp_path / "x.duckdb"), store=store, root=str(tmp_path / "parquet"))
+    _materialize_design(io_manager, n=3)
+    _materialize_design(io_manager, n=5, keys=(partition_key("a", "d2"),))
+    with connect_store(store, path=str(tmp_path / "x.duckdb"), root=str(tmp_path / "parquet")) as con:
+        got = con.execute(f"select family, depth, count(*) from {SCHEMA}.cells group by all order by all").fetchall()
+    assert got == [("a", "d1", 3), ("a", "d2", 5), ("b", "d1", 3)]
+
+
+def test_a_family_asset_reads_its_own_batches_only():
+    """The family x batch mappings: a family's summary depends on its own batches, a batch on its family."""
+    sub = DESIGN.family.subset_with_partition_keys(["b"])
+    up = DESIGN.all_batches_of_family.get_upstream_mapped_partitions_result_for_partitions(
+        sub, DESIGN.family, DESIGN.family_batch)
+    assert set(up.partitions_subset.get_partition_keys()) == {"s.b000|b"}
+    batch = DESIGN.family_batch.subset_with_partition_keys(["s.b000|a"])
+    up = DESIGN.family_of_batch.get_upstream_mapped_partitions_result_for_partitions(
+        batch, DESIGN.family_batch, DESIGN.family)
+    assert set(up.partitions_subset.get_partition_keys()) == {"a"}

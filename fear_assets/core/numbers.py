@@ -16,10 +16,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-Quantity = Literal["estimate", "probability", "rate", "count", "ess", "rhat", "p", "kappa", "percent", "seconds"]
+Quantity = Literal["value", "estimate", "probability", "rate", "count", "ess", "rhat", "p", "kappa", "percent", "seconds"]
 
 #: Decimals by quantity (fixed, so a column's numbers line up and compare at a glance).
-DECIMALS: Mapping[str, int] = {"estimate": 3, "probability": 3, "rate": 3, "rhat": 3, "p": 3, "kappa": 2,
+DECIMALS: Mapping[str, int] = {"value": 3, "estimate": 3, "probability": 3, "rate": 3, "rhat": 3, "p": 3, "kappa": 2,
                                "percent": 1, "seconds": 1}
 MISSING = "n/a"
 #: Beyond these magnitudes a fixed-decimal number stops being readable (an R-hat of 14,462,920).
@@ -55,7 +55,10 @@ def number(x: object, quantity: Quantity = "estimate") -> str:
     """``x`` written for a reader: counts and effective sample sizes as whole numbers with
     thousands separators; p-values below 0.001 as ``<0.001``; percentages with one decimal
     and a ``%``; everything else with the quantity's fixed decimals, in exponent form when
-    it is huge or tiny; ``n/a`` when missing; flags as yes/no; text unchanged."""
+    it is huge (or, for a plain ``value``, tiny: a tolerance of 1.2e-4 is not 0.000); ``n/a``
+    when missing; flags as yes/no; text unchanged. Estimates keep fixed decimals however
+    small, so an interval's two ends and a column's rows share one form ([-0.153, -0.000],
+    never [-0.153, -1.7e-4])."""
     if is_missing(x):
         return MISSING
     if isinstance(x, (bool, np.bool_)):
@@ -72,7 +75,7 @@ def number(x: object, quantity: Quantity = "estimate") -> str:
         return "<0.001"
     if quantity == "percent":
         return f"{value * 100:.{DECIMALS['percent']}f}%"
-    if value != 0 and (abs(value) >= _HUGE or abs(value) < _TINY):
+    if value != 0 and (abs(value) >= _HUGE or (quantity == "value" and abs(value) < _TINY)):
         return _exponent(value)
     return f"{value:.{DECIMALS[quantity]}f}"
 
@@ -84,14 +87,14 @@ def interval(low: object, high: object, quantity: Quantity = "estimate") -> str:
 
 def formatted(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> pd.DataFrame:
     """``table`` with every cell written by :func:`number` (a column's quantity from
-    ``quantities``, else an estimate; integer columns as counts), as text ready for a
+    ``quantities``, else a plain value; integer columns as counts), as text ready for a
     Markdown, HTML or Dagster table."""
     quantities = quantities or {}
     out = {}
     for column in table.columns:
         series = table[column]
         quantity = quantities.get(column, "count" if pd.api.types.is_integer_dtype(series.dtype)
-                                  and not pd.api.types.is_bool_dtype(series.dtype) else "estimate")
+                                  and not pd.api.types.is_bool_dtype(series.dtype) else "value")
         out[column] = [number(x, quantity) for x in series]
     return pd.DataFrame(out, index=table.index, columns=table.columns)
 

@@ -22,10 +22,10 @@ on the daemon's first evaluation a missing pilot partition whose inputs exist is
 
 Which stages are automated (``AUTOMATED_STAGES``): the pilot and the registration stage, up to
 the draft registration record.
-- The power simulation is, for each family's own batches only: its family x batch rectangle
-  holds every family's batch keys (``partitions.power_partition_keys``: a family runs its
-  own), so its condition adds ``OwnBatches`` and the power summary waits for the family's own
-  batches alone. ``OwnBatches`` and ``GatesClear`` are project code, so the sensor is evaluated
+- The power simulation is, for each family's own batches only: its partitions are each
+  family's own batch keys (``partitions.power_partition_keys``) and the power summary reads
+  its family's batches alone (``partitions.all_batches_of_family``); ``OwnBatches`` keeps
+  both conditions to a family's own batches should the partitions ever hold more. ``OwnBatches`` and ``GatesClear`` are project code, so the sensor is evaluated
   in the code server (``use_user_code_server``), not in the daemon.
 - The registration record is automated as the draft the pilot mode writes; issuing it is the
   deliberate human act ``fear register``.
@@ -58,7 +58,7 @@ from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.settings import DEFAULT_REGISTRATION_DIR
 from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.instance import check_evaluations
-from fear_assets.defs.partitions import DEFINITION_SETTINGS, LAYOUT, power_partition_keys
+from fear_assets.defs.partitions import DEFINITION_SETTINGS, LAYOUT, family_of_key, power_partition_keys
 from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
 #: The site configuration the definitions are built from ($FEAR_ASSETS_SITE; none: defaults).
@@ -68,7 +68,7 @@ DEFINITION_SITE = load_site()
 AUTOMATED_STAGES = ("pilot", "registration")
 #: Stages the daemon materialises for a registered family only (``FamilyRegistered``).
 REGISTERED_STAGES = ("collection", "probes", "analysis", "reading")
-#: The family x batch asset whose rectangle holds every family's batch keys.
+#: The family x batch asset (each family's own simulation batches).
 POWER_BATCHES = dg.AssetKey("power_simulation")
 #: Each family's own simulation batches ("<batch>|<family>"), from the settings the definitions load.
 OWN_BATCHES = frozenset(str(k) for family in LAYOUT.families for k in power_partition_keys(DEFINITION_SETTINGS, family))
@@ -89,7 +89,7 @@ AC = dg.AutomationCondition
 
 def _family(partition_key: str | None) -> str | None:
     """The family part of a partition key ("<family>", "<depth>|<family>", "<batch>|<family>")."""
-    return partition_key.split("|")[-1] if partition_key else None
+    return family_of_key(partition_key) if partition_key else None
 
 
 class GatesClear(dg.AutomationCondition):
@@ -135,9 +135,36 @@ class GatesClear(dg.AutomationCondition):
                                    compute_intersection_with_partition_keys(keep, candidates))
 
 
+class FamilyStarted(dg.AutomationCondition):
+    """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised, the
+    family read from the partition key: a family x depth asset that does not read the names
+    (``assignment_key``) has no partition mapping to them that Dagster could follow (its
+    partitions are the design's own keys, not a product with a family dimension). An
+    unpartitioned asset: once any family started."""
+
+    @property
+    def name(self) -> str:
+        return "family_started"
+
+    @property
+    def description(self) -> str:
+        return "the family's stimuli were materialised"
+
+    async def evaluate(self, context) -> dg.AutomationResult:
+        started = await context.asset_graph_view.compute_materialized_asset_subset(FAMILY_ENTRY)
+        families = set(started.expensively_compute_partition_keys())
+        candidates = context.candidate_subset
+        if context.asset_graph.get(context.key).partitions_def is None:
+            return dg.AutomationResult(context=context,
+                                       true_subset=candidates if families else context.get_empty_subset())
+        keep = {k for k in candidates.expensively_compute_partition_keys() if _family(k) in families}
+        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                                   compute_intersection_with_partition_keys(keep, candidates))
+
+
 def family_started() -> dg.AutomationCondition:
     """True for a partition whose family's stimuli (``FAMILY_ENTRY``) were materialised."""
-    return AC.asset_matches(FAMILY_ENTRY, ~AC.missing()).with_label("family's stimuli materialised")
+    return FamilyStarted()
 
 
 def stage_condition() -> dg.AutomationCondition:
@@ -156,8 +183,7 @@ def entry_condition() -> dg.AutomationCondition:
 class OwnBatches(dg.AutomationCondition):
     """True for the partitions of ``POWER_BATCHES`` that are one of their family's own
     simulation batches (``partitions.power_partition_keys``), and for every partition of any
-    other asset: the family x batch rectangle holds every family's batch keys, and a family
-    runs only its own."""
+    other asset: a family runs only its own batches."""
 
     def __init__(self, own: frozenset[str] = OWN_BATCHES):
         self._own = own
@@ -183,8 +209,7 @@ def power_condition() -> dg.AutomationCondition:
 
 
 def power_summary_condition() -> dg.AutomationCondition:
-    """The power summary: eager, with "none missing" read over the family's own batches (the
-    others of the rectangle are never run for it)."""
+    """The power summary: eager, with "none missing" read over the family's own batches."""
     own_missing = AC.any_deps_match(AC.missing() & ~AC.will_be_requested() & OwnBatches())
     return ((AC.newly_missing() | AC.any_deps_updated()).since_last_handled() & ~own_missing
             & ~AC.any_deps_in_progress() & ~AC.in_progress() & GatesClear()

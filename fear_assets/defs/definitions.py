@@ -18,6 +18,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
 from fear_assets.defs.automation import DEFINITION_SITE, automated, automation_sensor
+from fear_assets.defs.partitions import partitioning_of_definition
 from fear_assets.defs.resources import ProtocolResource, store_io_manager
 from fear_assets.defs.resources.models import LanguageModelResource
 
@@ -49,12 +50,7 @@ all_checks = [c for _, module in STAGES for c in _checks(module)]
 
 
 def partitioning_of(asset) -> str:
-    pd_ = asset.partitions_def
-    if pd_ is None:
-        return "unpartitioned"
-    if isinstance(pd_, dg.MultiPartitionsDefinition):
-        return "by_" + "_".join(sorted(d.name for d in pd_.partitions_defs if d.name != "family"))
-    return "by_family"
+    return partitioning_of_definition(asset.partitions_def)
 
 
 def stage_jobs() -> list:

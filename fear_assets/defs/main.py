@@ -196,7 +196,7 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
         names = ", ".join(k.to_user_string() for k in step.keys)
         ran = False
         for key in partition_keys[step.partitioning]:
-            label = f"[{step.stage}] {names} {key if key is None or isinstance(key, str) else key.keys_by_dimension}"
+            label = f"[{step.stage}] {names} {key}"
             earlier = kept(step, key) if resuming else None
             if isinstance(earlier, Stop):
                 return earlier

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from fear_assets.defs.partitions import family_of_key
 from fear_assets.report.plots import markdown_image
 
 
@@ -18,5 +19,4 @@ def partition_metadata(context) -> dict[str, str]:
     if context is None or not context.has_partition_key:
         return {}
     key = context.partition_key
-    family = key.keys_by_dimension["family"] if isinstance(key, dg.MultiPartitionKey) else str(key)
-    return {"family": family, "partition": str(key)}
+    return {"family": family_of_key(key), "partition": str(key)}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from fear_assets.core.numbers import is_missing, markdown_table, number, yes_no
 from fear_assets.defs.metadata import partition_metadata
-from fear_assets.defs.partitions import FAMILY
+from fear_assets.defs.partitions import family_of_key
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.registration.issue import PILOT, gate_blocks
 
@@ -33,8 +33,7 @@ def check_family(context: dg.AssetCheckExecutionContext | None, table=None) -> s
     """The family a check runs for: the run's partition (its family part), else the checked
     table's ``family`` column (a check invoked directly); None where neither says."""
     if context is not None and context.has_partition_key:
-        key = context.partition_key
-        return key.keys_by_dimension[FAMILY] if isinstance(key, dg.MultiPartitionKey) else str(key)
+        return family_of_key(context.partition_key)
     if table is not None and "family" in getattr(table, "columns", ()) and len(table):
         return str(table["family"].iloc[0])
     return None
@@ -73,7 +72,7 @@ def readable_value(value: Any) -> Any:
     if is_missing(value):
         return "n/a"
     if isinstance(value, (float, np.floating)):
-        return number(value)
+        return number(value, "value")
     if isinstance(value, np.integer):
         return int(value)
     return value

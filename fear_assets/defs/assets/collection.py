@@ -7,7 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from fear_assets.lm.resumable import discard_chunks
-from fear_assets.defs.assets.steps import not_applicable_output, score_table, trial_table_output
+from fear_assets.defs.assets.steps import score_table, trial_table_output
 from fear_assets.defs.automation import MODEL_RETRY, model_step
 from fear_assets.defs.deploy import GPU_OP_TAGS
 from fear_assets.design.accounting import accounting_verdict, close_accounting
@@ -37,11 +37,7 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
     registered rewrite, else by the lowest-numbered passing reserve") are swapped in; a
     draft record changes nothing. The record is an input, so a re-registration marks this
     table and everything downstream stale."""
-    settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
-        yield skipped
-        return
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, False,
                              replacements_of(_record(registration_record)))
 
@@ -58,9 +54,6 @@ def confirmatory_scores(context: dg.AssetExecutionContext, protocol: ProtocolRes
     scores and says so."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
-        yield skipped
-        return
     table = scored_rows(settings, family_key, confirmatory_trial_table)
     if table.empty:
         yield dg.Output(pd.DataFrame({"family": pd.Series(dtype=str), "depth": pd.Series(dtype=str)}),

@@ -138,10 +138,10 @@ def fitter(settings) -> Fitter:
 
 
 def not_applicable_output(context, settings, family_key: str, depth: str, band=None) -> dg.Output | None:
-    """An empty slice with its reason where a partition has nothing to build: a depth the
-    family's registered design lacks (D1) or, given ``band``, a depth outside the band (issue
-    15: a family's backfill over the depth rectangle ends green and the UI says why); None
-    where the partition is part of the design."""
+    """An empty slice with its reason where a partition has nothing to build: given ``band``,
+    a depth outside the pilot's depth band (the run ends green and the UI says why); None where
+    the partition is to be built. (A depth the family's design lacks is no partition at all:
+    ``defs.partitions``.)"""
     reason = not_applicable(settings, family_key, depth, band)
     if reason is None:
         return None
@@ -178,7 +178,7 @@ def readable(x) -> str:
     significant digits in exponent form when huge or tiny, so an R-hat of 14,462,920 reads
     1.4e7; a whole number as a count; n/a when missing; yes/no for a flag)."""
     whole = isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-    return number(x, "count" if whole else "estimate")
+    return number(x, "count" if whole else "value")
 
 
 def readable_markdown(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> str:

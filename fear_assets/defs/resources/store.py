@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -244,16 +245,49 @@ def partition_file(root: str | Path, schema: str, table: str, keys: Sequence[tup
     return d / PARTITION_FILE
 
 
+#: Between the parts of a partition key that stands for several columns ("d1|smollm2-135m").
+KEY_SEPARATOR = "|"
+_JOINED = re.compile(r"\(\s*(\w+(?:\s*\|\|\s*'\|'\s*\|\|\s*\w+)+)\s*\)")
+
+
+def joined_key_expr(columns: Sequence[str]) -> str:
+    """The ``partition_expr`` of a partition whose key joins several stored columns with
+    ``KEY_SEPARATOR`` ("(depth || '|' || family)"): both stores select and replace by it, and
+    the Parquet store splits the key back into its columns (``joined_key_columns``)."""
+    return "(" + f" || '{KEY_SEPARATOR}' || ".join(columns) + ")"
+
+
+def joined_key_columns(partition_expr: str) -> tuple[str, ...] | None:
+    """The columns of a ``joined_key_expr`` (None for a plain column name)."""
+    match = _JOINED.fullmatch(partition_expr.strip())
+    if match is None:
+        return None
+    return tuple(c.strip() for c in match.group(1).split(f"|| '{KEY_SEPARATOR}' ||"))
+
+
+def _dimension_keys(table: str, partition_expr: str, key: str) -> tuple[tuple[str, str], ...]:
+    """The (column, value) pairs one key of one dimension stands for."""
+    columns = joined_key_columns(partition_expr)
+    if columns is None:
+        return ((partition_expr, key),)
+    values = key.split(KEY_SEPARATOR)
+    if len(values) != len(columns):
+        raise ValueError(f"table {table}: partition key {key!r} does not have one part per column of "
+                         f"{partition_expr} ({', '.join(columns)})")
+    return tuple(zip(columns, values))
+
+
 def _slice_keys(table_slice: TableSlice) -> list[tuple[tuple[str, str], ...]]:
     """Every (column, key) combination a write covers: the product of each dimension's keys,
-    exactly the rows the embedded store's ``col in (...) and ...`` delete would cover."""
+    exactly the rows the embedded store's ``col in (...) and ...`` delete would cover. A key
+    of a joined expression (``joined_key_expr``) is split into its columns."""
     dims = []
     for dim in table_slice.partition_dimensions or ():
         if isinstance(dim.partitions, TimeWindow):
             raise NotImplementedError(f"table {table_slice.table}: the Parquet store keeps static partitions only; "
                                       "time-window partitions need the embedded DuckDB store")
-        dims.append([(dim.partition_expr, str(k)) for k in dim.partitions])
-    return list(itertools.product(*dims)) if dims else [()]
+        dims.append([_dimension_keys(table_slice.table, dim.partition_expr, str(k)) for k in dim.partitions])
+    return [sum(parts, ()) for parts in itertools.product(*dims)] if dims else [()]
 
 
 def split_by_partition(frame: pd.DataFrame, table: str,

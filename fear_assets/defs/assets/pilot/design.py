@@ -3,7 +3,7 @@
 import dagster as dg
 import pandas as pd
 
-from fear_assets.defs.assets.steps import not_applicable_output, trial_table_output
+from fear_assets.defs.assets.steps import trial_table_output
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.defs.modes import named_metadata
@@ -21,11 +21,7 @@ def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResou
     registration). Documents are rendered through the reader's chat template; the
     distractor is cut to exactly the depth's token count and shared by the six cells of a
     unit. The confirmatory blocks are ``confirmatory_trial_table`` (stage collection)."""
-    settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
-        yield skipped
-        return
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, True, {})
 
 
@@ -38,8 +34,5 @@ def assignment_key(context: dg.AssetExecutionContext, protocol: ProtocolResource
     confirmatory rows once scoring is locked)."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
-        yield skipped
-        return
     key = make_key(settings, family_key).assign(depth=depth)
     yield dg.Output(key, metadata=named_metadata(context, {"codes": len(key)}))

@@ -30,9 +30,6 @@ def pilot_scores(context: dg.AssetExecutionContext, protocol: ProtocolResource, 
     context window are excluded with a reason (4.8)."""
     settings = protocol.settings()
     family_key, depth = partition_parts(context)
-    if (skipped := not_applicable_output(context, settings, family_key, depth)) is not None:
-        yield skipped
-        return
     if pilot_trial_table.empty:
         context.log.info(f"{depth}|{family_key}: no pilot trials stored for this partition: not scored")
         return

@@ -3,7 +3,8 @@
 Wiring only; the science is in ``fear_assets.simulation`` (registered code hash).
 - ``power_pilot_estimates`` (per family): the pilot's primary fit, whose posterior means are
   the pilot estimates every dataset is generated from.
-- ``power_simulation`` (family x batch, batch = ``<scenario>.f<frames>.b<batch>``): fits one
+- ``power_simulation`` (family x batch, batch = ``<scenario>.f<frames>.b<batch>``; each
+  family's own batches only, ``partitions.power_partitions``): fits one
   batch of datasets and writes one Parquet file (atomic); a finished batch is never refitted,
   so a stopped backfill resumes where it stopped. Steps never write DuckDB.
 - ``power_summary`` (per family): tallies every finished batch through DuckDB, applies 6.3's
@@ -17,8 +18,8 @@ import pandas as pd
 from fear_assets.defs.metadata import metadata_image
 from fear_assets.core.numbers import number
 from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
-from fear_assets.defs.partitions import BATCH, FAMILY_EXPR, all_depths_of_family, family_of_batch, family_partitions, \
-    power_partitions
+from fear_assets.defs.partitions import FAMILY_EXPR, all_batches_of_family, all_depths_of_family, batch_parts, \
+    family_of_batch, family_partitions, power_partitions
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.report import plots as report_plots
 from fear_assets.simulation import steps as simulation_steps
@@ -68,8 +69,7 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
     swapped per dataset); labels, HDIs and every fit's R-hat, ESS and divergences go to one
     Parquet file. A batch whose file exists is finished and is not refitted."""
 
-    keys = context.partition_key.keys_by_dimension
-    family_key, key = keys["family"], keys[BATCH]
+    family_key, key = batch_parts(context)
     view = protocol.view(family_key)
     batch = simulation_steps.power_batch(view, key, power_pilot_estimates, protocol.output_path("power"),
                                          log=context.log.info)
@@ -88,7 +88,8 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
 
 
 @dg.asset(partitions_def=family_partitions, metadata=FAMILY_EXPR, pool="duckdb",
-          kinds={"duckdb", "json"}, deps=[power_simulation])
+          kinds={"duckdb", "json"},
+          deps=[dg.AssetDep(power_simulation, partition_mapping=all_batches_of_family)])
 def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
                   power_pilot_estimates: pd.DataFrame) -> dg.Output[pd.DataFrame]:
     """6.3: label frequencies per hypothesis, scenario and frame count with Monte Carlo SEs,
