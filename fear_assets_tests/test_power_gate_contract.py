@@ -33,3 +33,18 @@ def test_demo_result_says_it_is_not_the_registered_simulation():
 def test_controls_shortfall_fails_the_power_gate():
     gate = power_gate(COMPLETE | {"controls_to_strengthen": True}, "qwen2.5-7b")
     assert not gate["passed"] and "strengthen" in gate["message"]
+
+
+# 6.3: registration needs every target met; a target whose component was not simulated is not
+# met. As read back from the store, "not computable" is a missing boolean, which a mask drops.
+@pytest.mark.parametrize("stored", ["object", "boolean"])
+def test_a_not_computable_target_counts_as_missed_however_it_is_stored(stored):
+    import pandas as pd
+
+    from fear_assets.simulation.steps import targets_missed
+
+    summary = pd.DataFrame({"target": ["H2 power", "H5 power", "H1 false positives"],
+                            "met": pd.Series([True, None, True], dtype=stored)})
+    missed = targets_missed(summary)
+    assert list(missed["target"]) == ["H5 power"]
+    assert targets_missed(summary.assign(met=pd.Series([True, True, True], dtype=stored))).empty

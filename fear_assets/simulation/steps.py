@@ -202,4 +202,8 @@ def label_frequencies_records(labels: pd.DataFrame) -> list[dict]:
 def targets_missed(power_summary: pd.DataFrame) -> pd.DataFrame:
     """6.3's gate: the targets not met; a target whose component is not simulated (``met`` None:
     not computable) counts as not met."""
-    return power_summary[power_summary["met"] != True]  # noqa: E712 (None: not computable)
+    # As stored (a nullable boolean) a not-computable target is NA, and NA in a mask selects
+    # nothing: read it as not met explicitly, or a summary of met and not-computable targets
+    # would clear the gate.
+    met = power_summary["met"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return power_summary[~met]
