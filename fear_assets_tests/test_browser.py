@@ -30,6 +30,9 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from fear_assets_tests.browser_ui import FAMILY, build_store, free_port, start_ui, stop_ui  # noqa: E402
 
+#: What a researcher must never read in a gate table or the report: Python and JSON reprs.
+REPRS = re.compile(r"\b(?:True|False|nan|None)\b|[{}]")
+
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
@@ -123,15 +126,20 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
            60, "the asset graph shows the stage groups")
     time.sleep(2)  # let the graph lay out before the screenshot
     graph = _shot(driver, "asset_graph")
-    # A partitioned asset's partitions: family x depth, one materialised (d1 of the embedded family).
+    # A partitioned asset's partitions: one per depth each family's design has (no depth outside
+    # a design to look as green as a scored one), one materialised (d1 of the embedded family).
     text = _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Materialized (1)")
-    assert "Materialized (1)" in text and "smollm2-135m" in text and "d8" in text
+    assert "Materialized (1)" in text and f"d1|{FAMILY}" in text and "d8|qwen2.5-7b" in text
+    assert f"d3|{FAMILY}" not in text  # the embedded design has two depths
     _shot(driver, "pilot_trial_table_partitions")
-    # A failed gate: the name gate's check, its verdict, what to change and its metadata.
+    # A failed gate: the name gate's check names its family, its verdict, what to change and
+    # its metadata, a table a researcher reads (no Python reprs).
     text = _open(driver, f"{base}/assets/name_gate?view=checks", "choose other names")
     assert "Failed" in text and "choose other names" in text
+    assert f"{FAMILY}:" in text  # whose gate failed, with several families on one instance
     dialog = _show_markdown(driver, "which tokenizer splits which name")
     assert "Orin" in dialog.text  # the table names the names that split
+    assert not REPRS.findall(dialog.text), REPRS.findall(dialog.text)
     _shot(driver, "failed_gate_check")
     _close(dialog)
     # A plot: the name gate's figure (names x tokenizers x forms) in the materialisation's metadata.
@@ -153,21 +161,31 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
     text = _open(driver, report.as_uri(), f"Stage 2 report: {FAMILY}")
     assert f"frame_bank · run {runs['frame_bank']}" in text  # every number names its materialisation
     assert "not materialised yet: posteriors" in text
+    # The sections agree with the stored-inputs table: an input a section calls not materialised
+    # has no materialisation there, and one with a run is never called not materialised.
+    missing = {name.strip() for line in text.split("\n") if line.startswith("not materialised yet:")
+               for name in line.split(":", 1)[1].split("(")[0].split(",")}
+    inputs = {line.split(" ")[0]: line for line in text.split("\n")[text.split("\n").index("Stored inputs of this report"):]
+              if line.split(" ")[0] in missing | {"frame_bank"}}
+    assert missing and missing <= set(inputs), (missing, inputs)
+    assert all("no materialisation recorded" in inputs[name] for name in missing), inputs
+    assert "frame_bank" not in missing and f"run {runs['frame_bank']}" in inputs["frame_bank"]
+    assert not REPRS.findall(text), REPRS.findall(text)
     _shot(driver, "stage2_report")
-    # A backfill of one family's partitions, launched from the UI: the embedded family at d2
-    # (in its design) and d3 (not in its design: nothing to build, and no failure).
+    # A backfill of one family's partitions, launched from the UI: both of the embedded family's
+    # (the selector offers only partitions of a design; each is found by typing its key).
     _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Partitions Selected")
     driver.find_element(By.XPATH, "//button[contains(., 'Materialize')]").click()
     dialog = driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
-    for index, choices in ((0, ["d2", "d3"]), (0, [FAMILY])):  # depth, then family (the first unset selector)
-        _until(lambda: driver.find_elements(
-            By.XPATH, "//*[@role='dialog']//*[normalize-space(text())='Select a partition or create one']"), 15,
-            "the partition selector is shown")[index].click()
-        for choice in choices:
-            _until(lambda: [e for e in driver.find_elements(
-                By.XPATH, f"//*[contains(@class, 'Menu_menuItem')]//span[normalize-space(text())={choice!r}]")
-                            if e.is_displayed()], 15, f"partition {choice} is offered")[-1].click()
-        driver.find_element(By.XPATH, "//*[@role='dialog']//*[starts-with(normalize-space(text()), 'Launch runs to materialize')]").click()
+    _until(lambda: driver.find_elements(
+        By.XPATH, "//*[@role='dialog']//*[normalize-space(text())='Select a partition or create one']"), 15,
+        "the partition selector is shown")[0].click()
+    for choice in (f"d1|{FAMILY}", f"d2|{FAMILY}"):
+        driver.switch_to.active_element.send_keys(choice)
+        _until(lambda: [e for e in driver.find_elements(
+            By.XPATH, f"//*[contains(@class, 'Menu_menuItem')]//span[normalize-space(text())={choice!r}]")
+                        if e.is_displayed()], 15, f"partition {choice} is offered")[-1].click()
+    driver.find_element(By.XPATH, "//*[@role='dialog']//*[starts-with(normalize-space(text()), 'Launch runs to materialize')]").click()
     dialog = driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
     _until(lambda: "2 partitions" in dialog.text, 10, "the dialog counts 2 partitions")
     _shot(driver, "backfill_dialog")
@@ -184,8 +202,9 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
 
     outcome = _until(status, 480, f"backfill {backfill} finished")
     assert outcome in ("Success", "Succeeded"), f"backfill {backfill}: {outcome}"  # not "Failed" (completed with failures)
-    # d3 is not in the embedded family's design: its partition says so, in green.
-    _open(driver, f"{base}/assets/pilot_trial_table?view=events&partition=d3|{FAMILY}", "not applicable")
+    # Both of the embedded family's partitions are now materialised; no other family's is.
+    text = _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Materialized (2)")
+    _shot(driver, "pilot_trial_table_backfilled")
     # The UI screenshot in the README (refreshed on request, so a test run leaves the tree clean).
     if os.environ.get("FEAR_UPDATE_DOCS_SCREENSHOT") == "1":
         shutil.copy(graph, ROOT / "docs" / "ui_asset_graph.png")
