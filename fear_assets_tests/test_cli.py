@@ -108,6 +108,7 @@ def test_run_through_stimuli_records_its_runs_and_status_reports_where_the_famil
     done = _fear("--site", str(site), "run", EMBEDDED, "--through", "stimuli")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[stimuli] frame_bank" in done.stdout and "[stimuli] name_gate" in done.stdout
+    assert "frame_bank None" not in done.stdout  # an unpartitioned step prints no partition, not a repr
     assert "[pilot]" not in done.stdout
     assert f"fear status {EMBEDDED}" in done.stdout
     assert (tmp_path / "store.duckdb").exists()

@@ -196,7 +196,7 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
         names = ", ".join(k.to_user_string() for k in step.keys)
         ran = False
         for key in partition_keys[step.partitioning]:
-            label = f"[{step.stage}] {names} {key}"
+            label = f"[{step.stage}] {names}" + (f" {key}" if key is not None else "")
             earlier = kept(step, key) if resuming else None
             if isinstance(earlier, Stop):
                 return earlier
