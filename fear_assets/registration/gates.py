@@ -53,8 +53,10 @@ def power_numbers(power: Mapping[str, Any]) -> dict[str, Any]:
     """The power gate's numbers, worded so that they agree with its outcome: which simulation
     the stored result is, how its targets fared, and the underpowered gates only where the
     result is the registered one (a demo or partial result decides nothing, 6.3)."""
-    targets = power.get("targets") or []
-    met = [t.get("met") for t in targets if isinstance(t, Mapping)]
+    # The targets the gate judges (the decided frame count, less what 6.3's rules excuse), as
+    # power_summary's check counts them; a record stored before ``required`` counts every row.
+    targets = [t for t in power.get("targets") or [] if isinstance(t, Mapping) and t.get("required", True)]
+    met = [t.get("met") for t in targets]
     decides = registered_power_result(power)
     return {
         "simulation": "registered" if not power.get("demo", False) else

@@ -199,11 +199,21 @@ def label_frequencies_records(labels: pd.DataFrame) -> list[dict]:
     return label_frequencies(labels).to_dict(orient="records")
 
 
+def required_rows(power_summary: pd.DataFrame) -> pd.DataFrame:
+    """The targets 6.3's gate requires (``required``, ``simulation.targets.required_targets``:
+    the decided frame count, less what 6.3's fixed rules excuse). A table without
+    ``required`` (stored before it existed) requires every row."""
+    if "required" not in power_summary:
+        return power_summary
+    return power_summary[power_summary["required"].astype("boolean").fillna(True).to_numpy(dtype=bool)]
+
+
 def targets_missed(power_summary: pd.DataFrame) -> pd.DataFrame:
-    """6.3's gate: the targets not met; a target whose component is not simulated (``met`` None:
-    not computable) counts as not met."""
+    """6.3's gate: the required targets (:func:`required_rows`) not met; a target whose
+    component is not simulated (``met`` None: not computable) counts as not met."""
+    required = required_rows(power_summary)
     # As stored (a nullable boolean) a not-computable target is NA, and NA in a mask selects
     # nothing: read it as not met explicitly, or a summary of met and not-computable targets
     # would clear the gate.
-    met = power_summary["met"].astype("boolean").fillna(False).to_numpy(dtype=bool)
-    return power_summary[~met]
+    met = required["met"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return required[~met]

@@ -247,6 +247,8 @@ def decide(labels: pd.DataFrame, t: PowerTargets, not_simulated: Mapping[str, st
     if chosen is None:
         out["status"] = "incomplete: simulate frame count " + str(next_frames)
         out["passed"] = False
+        # The last frame count simulated missed a target (else it would be the decision).
+        out["targets"] = required_targets(table, simulated[-1] if simulated else None, [], False, None)
         return out
     at = [r for r in table if r["frames"] == chosen]
     missed = [r for r in at if r["met"] is False]
@@ -275,6 +277,28 @@ def decide(labels: pd.DataFrame, t: PowerTargets, not_simulated: Mapping[str, st
     out["status"] = ("complete" if not unknown else
                      f"partial: {len(unknown)} target(s) not computable (components not simulated)")
     out["passed"] = not unknown and not missed
+    out["targets"] = required_targets(out["targets"], chosen, out["estimation_only"], h5_estimation_only,
+                                      out["joint_shortfall_source"])
+    return out
+
+
+def required_targets(rows: list[dict], frames: int | None, estimation_only: list[str], h5_estimation_only: bool,
+                     shortfall_source: str | None) -> list[dict]:
+    """``rows`` with ``required``: whether 6.3's power gate needs the target met, by its fixed
+    rules. Only the decided frame count counts (a count that missed, followed by 10 more
+    frames, is history); "any hypothesis still below target is declared estimation-only
+    before collection", not a failure; when H5 is estimation-only the joint target is the one
+    "computed for the 'Use Unresolved or Not Tested' reading"; a joint shortfall traced to the
+    gates makes them descriptive (their targets and the joint one no longer gate). A shortfall
+    traced to the controls stays required: they are strengthened once, else not run."""
+    out = []
+    for r in rows:
+        required = frames is not None and r["frames"] == frames and r["contrast"] not in estimation_only
+        if r["contrast"] == "joint" and h5_estimation_only:
+            required = required and r["target"].endswith("(H5 estimation-only)")
+        if shortfall_source == "gates" and (r["contrast"] == "joint" or r["contrast"].startswith("gate_")):
+            required = False
+        out.append({**r, "required": bool(required)})
     return out
 
 
