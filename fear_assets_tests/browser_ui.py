@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fear_assets.core.settings import DEFAULT_CACHE_DIR
 from fear_assets_tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,13 @@ def build_store(home: Path) -> dict[str, str]:
     gate: its names split under the registered tokenizers), one trial-table partition and
     the family's Stage 2 report (which says what is not materialised yet). Returns run ids."""
     home.mkdir(parents=True, exist_ok=True)
+    # The project's model and tokenizer cache, seen from inside ``home``: the step outputs
+    # (the Stage 2 report) land beside it, under ``home``, not in the project's data/ (where
+    # another test or the demo may be writing at the same time).
+    cache = home / "data" / "cache"
+    if not cache.exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.symlink_to(DEFAULT_CACHE_DIR, target_is_directory=True)
     (home / "dagster.yaml").write_text(INSTANCE_YAML.format(home=home))
     (home / "workspace.yaml").write_text(WORKSPACE_YAML.format(root=ROOT))
     code = (
@@ -65,7 +73,7 @@ def build_store(home: Path) -> dict[str, str]:
         "from fear_assets.defs.resources.protocol import ProtocolResource\n"
         "SETTINGS = ProtocolResource().settings()\n"
         "inst = dg.DagsterInstance.get()\n"
-        "res = resources(None)\n"
+        f"res = resources(None, cache_dir={str(cache)!r})\n"
         "every = [*all_assets, *all_checks]\n"
         "runs = {}\n"
         "def go(sel, key=None):\n"
