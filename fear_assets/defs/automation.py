@@ -92,6 +92,14 @@ def _family(partition_key: str | None) -> str | None:
     return family_of_key(partition_key) if partition_key else None
 
 
+def _families_kept(context, keep: Callable[[str | None], bool]) -> dg.AutomationResult:
+    """The candidate partitions whose family (read from the key) ``keep`` accepts."""
+    candidates = context.candidate_subset
+    keys = {k for k in candidates.expensively_compute_partition_keys() if keep(_family(k))}
+    return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
+                               compute_intersection_with_partition_keys(keys, candidates))
+
+
 class GatesClear(dg.AutomationCondition):
     """True for a partition unless, for its family, the latest evaluation of a blocking check of
     one of its inputs failed with ERROR severity: what Dagster itself stops a run at (the freeze
@@ -126,13 +134,10 @@ class GatesClear(dg.AutomationCondition):
                 seen.add(family)
                 if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR:
                     stopped.add(family)
-        candidates = context.candidate_subset
         if None in stopped or not stopped:
-            return dg.AutomationResult(context=context,
-                                       true_subset=context.get_empty_subset() if None in stopped else candidates)
-        keep = {k for k in candidates.expensively_compute_partition_keys() if _family(k) not in stopped}
-        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
-                                   compute_intersection_with_partition_keys(keep, candidates))
+            return dg.AutomationResult(context=context, true_subset=context.get_empty_subset() if None in stopped
+                                       else context.candidate_subset)
+        return _families_kept(context, lambda family: family not in stopped)
 
 
 class FamilyStarted(dg.AutomationCondition):
@@ -153,13 +158,10 @@ class FamilyStarted(dg.AutomationCondition):
     async def evaluate(self, context) -> dg.AutomationResult:
         started = await context.asset_graph_view.compute_materialized_asset_subset(FAMILY_ENTRY)
         families = set(started.expensively_compute_partition_keys())
-        candidates = context.candidate_subset
         if context.asset_graph.get(context.key).partitions_def is None:
-            return dg.AutomationResult(context=context,
-                                       true_subset=candidates if families else context.get_empty_subset())
-        keep = {k for k in candidates.expensively_compute_partition_keys() if _family(k) in families}
-        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
-                                   compute_intersection_with_partition_keys(keep, candidates))
+            return dg.AutomationResult(context=context, true_subset=context.candidate_subset if families
+                                       else context.get_empty_subset())
+        return _families_kept(context, lambda family: family in families)
 
 
 def family_started() -> dg.AutomationCondition:
@@ -236,10 +238,7 @@ class FamilyRegistered(dg.AutomationCondition):
         return "the family's registration record is issued (fear register)"
 
     def evaluate(self, context) -> dg.AutomationResult:
-        keep = {k for k in context.candidate_subset.expensively_compute_partition_keys()
-                if family_mode(self._dir, _family(k)) == CONFIRMATORY}
-        return dg.AutomationResult(context=context, true_subset=context.asset_graph_view.
-                                   compute_intersection_with_partition_keys(keep, context.candidate_subset))
+        return _families_kept(context, lambda family: family_mode(self._dir, family) == CONFIRMATORY)
 
 
 def registered_condition(registration_dir: str | Path) -> dg.AutomationCondition:
