@@ -181,19 +181,20 @@ def test_asset_modules_are_thin():
 
 
 def test_numbers_read_sensibly():
-    from fear_assets.defs.assets.steps import readable
+    from fear_assets.core.numbers import number
 
     # core.numbers' format: fixed decimals, exponent form when huge or tiny, n/a and yes/no.
-    assert readable(14462920.0) == "1.4e7" and readable(3.0104) == "3.010" and readable(0.0001234) == "1.2e-4"
-    assert readable(float("nan")) == "n/a" and readable(400) == "400" and readable(True) == "yes"
+    assert number(14462920.0, "value") == "1.4e7" and number(3.0104, "value") == "3.010"
+    assert number(0.0001234, "value") == "1.2e-4"
+    assert number(float("nan"), "value") == "n/a" and number(400, "count") == "400" and number(True) == "yes"
 
 
 def test_metadata_tables_keep_the_readable_numbers():
     import pandas as pd
 
-    from fear_assets.defs.assets.steps import readable_markdown
+    from fear_assets.core.numbers import markdown_table
 
-    text = readable_markdown(pd.DataFrame({"rhat": [14462920.0, 1.0042], "note": ["x", float("nan")]}))
+    text = markdown_table(pd.DataFrame({"rhat": [14462920.0, 1.0042], "note": ["x", float("nan")]}))
     assert "1.4e7" in text and "1.004" in text and "nan" not in text and "14462920" not in text
 
 

@@ -4,7 +4,6 @@ apply lives in the science packages."""
 
 import json
 import os
-from collections.abc import Mapping
 import tempfile
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from fear_assets.design.requests import build_requests
 from fear_assets.design.trials import candidate_frames
 from fear_assets.design.table import NameGateBlocks, render_trial_table
 from fear_assets.core.hashing import sha256_file
-from fear_assets.core.numbers import Quantity, markdown_table, number
+from fear_assets.core.numbers import markdown_table
 from fear_assets.defs.modes import named_metadata, table_metadata
 from fear_assets.design.score_summary import block_summary, resume_summary
 from fear_assets.lm.choices import choice_batch
@@ -172,15 +171,3 @@ def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: p
         "sample document (first primary trial)": dg.MetadataValue.md(f"```\n{result.sample_document}\n```"),
     }))
 
-
-def readable(x) -> str:
-    """A number as a reader wants it (``core.numbers.number``: fixed decimals by quantity, 2
-    significant digits in exponent form when huge or tiny, so an R-hat of 14,462,920 reads
-    1.4e7; a whole number as a count; n/a when missing; yes/no for a flag)."""
-    whole = isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-    return number(x, "count" if whole else "value")
-
-
-def readable_markdown(table: pd.DataFrame, quantities: Mapping[str, Quantity] | None = None) -> str:
-    """A metadata table with every number :func:`readable` (``core.numbers.markdown_table``)."""
-    return markdown_table(table, quantities)
