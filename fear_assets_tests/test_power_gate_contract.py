@@ -109,3 +109,15 @@ def test_a_joint_shortfall_traced_to_the_controls_still_fails_the_gate():
     missed = _gate(d)
     assert not missed.empty and set(missed["contrast"]) == {"joint"}
     assert not power_gate({**d, "demo": False}, "f")["passed"]  # the record's gate agrees
+
+
+def test_a_summary_with_no_decided_frame_count_does_not_pass():
+    # Every target met but none required (no frame count of the sequence decided yet): the
+    # gate has judged nothing, so it must not pass.
+    import pandas as pd
+
+    from fear_assets.simulation.steps import power_targets_passed
+
+    summary = pd.DataFrame({"target": ["H2 power"], "frames": [40], "met": [True], "required": [False]})
+    assert not power_targets_passed(summary)
+    assert power_targets_passed(summary.assign(required=True))

@@ -208,6 +208,12 @@ def required_rows(power_summary: pd.DataFrame) -> pd.DataFrame:
     return power_summary[power_summary["required"].astype("boolean").fillna(True).to_numpy(dtype=bool)]
 
 
+def power_targets_passed(power_summary: pd.DataFrame) -> bool:
+    """6.3's gate on a stored power summary: a frame count is decided (some target is
+    required) and every required target is met."""
+    return len(required_rows(power_summary)) > 0 and targets_missed(power_summary).empty
+
+
 def targets_missed(power_summary: pd.DataFrame) -> pd.DataFrame:
     """6.3's gate: the required targets (:func:`required_rows`) not met; a target whose
     component is not simulated (``met`` None: not computable) counts as not met."""
