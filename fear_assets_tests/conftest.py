@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,23 @@ def bank_copy(tmp_path) -> Path:
     target = tmp_path / "bank"
     shutil.copytree(DEFAULT_BANK_DIR, target)
     return target
+
+
+#: Seconds each test module took in a full run (``scripts/test_durations.py`` writes it from a
+#: ``--durations=0`` log). Only the order of the modules depends on it, never a result.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest modules first (by their recorded durations; unrecorded ones after, in file
+    order): with two xdist workers taking one module at a time, a long module started last
+    would leave one worker idle at the end of the run."""
+    if not DURATIONS.is_file():
+        return
+    seconds = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    order = {path: i for i, path in enumerate(dict.fromkeys(item.nodeid.split("::")[0] for item in items))}
+    items.sort(key=lambda item: (-float(seconds.get(item.nodeid.split("::")[0], 0.0)),
+                                 order[item.nodeid.split("::")[0]]))
 
 
 def pytest_sessionfinish(session, exitstatus):

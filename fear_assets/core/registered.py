@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.hashing import sampler_seed
 from fear_assets.core.sections import (Convergence, ConvergenceRemedy, Decision, Exclusion, FrameParametrisationRule,
-                                       Generation, PositiveControls, Power, PriorSettings, Probe, Sampler)
+                                       Generation, PositiveControls, Power, PowerDemo, PriorSettings, Probe, Sampler)
 from fear_assets.core.settings import MODES, Block, Design, Family, ProtocolSettings, ReducedDesign
 
 
@@ -63,19 +63,38 @@ class Registered:
         return sampler_seed(self.settings.master_seed, *purpose)
 
     @property
+    def rehearsal(self) -> bool:
+        """A rehearsal (``fear rehearse``): random-weight stand-ins at the registered shape, whose
+        gates never block and whose record is never a registration."""
+        return self.family.reduced_design is not None and self.family.reduced_design.rehearsal
+
+    @property
+    def power_reduction(self) -> PowerDemo | None:
+        """The reduced power simulation this family runs instead of the registered one: the
+        embedded demo's (``power.demo``) or a rehearsal's (its reduced design's ``power``);
+        None: the registered simulation (6.3)."""
+        if self.embedded:
+            return self.power.demo
+        reduced = self.family.reduced_design
+        return reduced.power if reduced is not None else None
+
+    @property
     def power_datasets(self) -> int:
-        """Datasets per scenario and frame count: the demo's reduced number for the embedded family."""
-        return self.power.demo.datasets if self.embedded else self.power.datasets
+        """Datasets per scenario and frame count (a reduced simulation's number where it has one)."""
+        reduced = self.power_reduction
+        return reduced.datasets if reduced is not None else self.power.datasets
 
     @property
     def power_sampler(self) -> Sampler:
-        """The sampler of the power simulation's fits (the demo's shorter one for the embedded family)."""
-        return self.power.demo.sampler if self.embedded else self.sampler
+        """The sampler of the power simulation's fits (a reduced simulation's shorter one)."""
+        reduced = self.power_reduction
+        return reduced.sampler if reduced is not None else self.sampler
 
     @property
     def power_scenarios(self) -> tuple[str, ...]:
-        """The scenarios the power simulation runs (the demo's fewer for the embedded family)."""
-        return self.power.demo.scenarios if self.embedded else self.power.scenarios
+        """The scenarios the power simulation runs (a reduced simulation's fewer)."""
+        reduced = self.power_reduction
+        return reduced.scenarios if reduced is not None else self.power.scenarios
 
     @property
     def depth_keys(self) -> tuple[str, ...]:

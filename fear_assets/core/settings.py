@@ -32,6 +32,7 @@ from fear_assets.core.sections import (
     Matching,
     PositiveControls,
     Power,
+    PowerDemo,
     PriorSettings,
     Probe,
     ReportScoring,
@@ -150,17 +151,33 @@ class DepthBand:
 
 @dataclass(frozen=True)
 class ReducedDesign:
-    """A smaller registered design for a demonstration family (fewer frames and depths)."""
+    """A smaller design than the registered one, said in every output (``reason``): the
+    embedded demonstration's (fewer frames, depths, blocks and branches), or a rehearsal's
+    (``fear rehearse``: random-weight models at a registered family's shape, fewer confirmatory
+    frames per fear). A field left out keeps the registered design's value."""
 
     reason: str
-    pilot_frames: tuple[str, ...]
     confirmatory_frames_per_fear: int
-    events_per_class: int
-    scored_blocks: tuple[str, ...]
+    #: The pilot frames (None: the registered pilot set).
+    pilot_frames: tuple[str, ...] | None = None
+    #: Secondary-class events per class (None: the registered number).
+    events_per_class: int | None = None
+    #: The blocks scored (None: every block of the accounting).
+    scored_blocks: tuple[str, ...] | None = None
     #: block -> the readouts the demo takes from it; blocks not named read every branch.
     branches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: Whether the pilot gates also examine the reserve frames (replacement candidates).
     examine_reserves: bool = True
+    #: A rehearsal: random-weight stand-ins at the registered shape. Its gates are computed and
+    #: shown but never block, and its record can be issued with failed gates, marked as a
+    #: rehearsal, so that the confirmatory steps run; nothing of it is a registration.
+    rehearsal: bool = False
+    #: The reduced power simulation of a rehearsal (``power.demo``'s fields; None: the registered one).
+    power: Any = None
+
+    def scores(self, block: str) -> bool:
+        """Whether the design scores ``block``."""
+        return self.scored_blocks is None or block in self.scored_blocks
 
 
 @dataclass(frozen=True)
@@ -576,14 +593,26 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
     if reduced is not None:
         unknown_keys(path, f"{where}.reduced_design", _need(path, spec, "reduced_design", where, Mapping),
                      [f.name for f in fields(ReducedDesign)])
+        here = f"{where}.reduced_design"
+        optional = {name: reduced[name] for name in ("pilot_frames", "events_per_class", "scored_blocks")
+                    if reduced.get(name) is not None}
+        for name, kind in (("pilot_frames", list), ("events_per_class", int), ("scored_blocks", list)):
+            if name in optional:
+                _need(path, reduced, name, here, kind)
+        power = reduced.get("power")
+        if power is not None and not isinstance(power, Mapping):
+            raise SettingsError(path, here, "power", f"{power!r} is not a mapping",
+                                "write the rehearsal's reduced power simulation as power.demo's fields")
         reduced_design = ReducedDesign(
-            reason=_need(path, reduced, "reason", f"{where}.reduced_design", str),
-            pilot_frames=tuple(_need(path, reduced, "pilot_frames", f"{where}.reduced_design", list)),
-            confirmatory_frames_per_fear=_need(path, reduced, "confirmatory_frames_per_fear", f"{where}.reduced_design", int),
-            events_per_class=_need(path, reduced, "events_per_class", f"{where}.reduced_design", int),
-            scored_blocks=tuple(_need(path, reduced, "scored_blocks", f"{where}.reduced_design", list)),
-            branches=_branches(path, reduced.get("branches") or {}, f"{where}.reduced_design"),
+            reason=_need(path, reduced, "reason", here, str),
+            confirmatory_frames_per_fear=_need(path, reduced, "confirmatory_frames_per_fear", here, int),
+            pilot_frames=tuple(optional["pilot_frames"]) if "pilot_frames" in optional else None,
+            events_per_class=optional.get("events_per_class"),
+            scored_blocks=tuple(optional["scored_blocks"]) if "scored_blocks" in optional else None,
+            branches=_branches(path, reduced.get("branches") or {}, here),
             examine_reserves=bool(reduced.get("examine_reserves", True)),
+            rehearsal=bool(reduced.get("rehearsal", False)),
+            power=PowerDemo.from_mapping(path, f"{here}.power", power) if power is not None else None,
         )
     base = spec.get("base")
     return Family(
@@ -837,8 +866,9 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
     block_names = [b.name for b in blocks]
     for family in families.values():
         if family.reduced_design:
-            _registered_blocks(path, f"families.{family.key}.reduced_design", "scored_blocks",
-                               family.reduced_design.scored_blocks, block_names)
+            if family.reduced_design.scored_blocks is not None:
+                _registered_blocks(path, f"families.{family.key}.reduced_design", "scored_blocks",
+                                   family.reduced_design.scored_blocks, block_names)
             _registered_blocks(path, f"families.{family.key}.reduced_design", "branches",
                                family.reduced_design.branches, block_names)
 

@@ -48,6 +48,17 @@ class StoreSite:
 
 
 @dataclass(frozen=True)
+class PathsSite:
+    """Where this host keeps the registration directory (the freeze record and each family's
+    record) and the cache (models, tokenizers; the step outputs sit beside it: posteriors,
+    reports, scoring chunks). ``None`` keeps the project's defaults (data/registration,
+    data/cache). A rehearsal (``fear rehearse``) points both at its own workspace."""
+
+    registration_dir: Path | None = None
+    cache_dir: Path | None = None
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """One host's configuration (see the module docstring); every field has a default."""
 
@@ -65,6 +76,7 @@ class SiteConfig:
     #: Dagster pool -> slots on this host (e.g. {"gpu": 4} on a four-GPU host).
     pools: Mapping[str, int] = field(default_factory=dict)
     store: StoreSite = field(default_factory=StoreSite)
+    paths: PathsSite = field(default_factory=PathsSite)
     #: Opt-in declarative automation: a family's next stage runs when its inputs are fresh and
     #: their blocking checks passed (needs the daemon that ``dagster dev`` / ``fear ui`` starts).
     automation: bool = False
@@ -106,7 +118,7 @@ def _dir(path: Path, where: str, key: str, value: Any, what: str = "directory") 
     return p if p.is_absolute() else (path.parent / p).resolve()
 
 
-_TOP = ("checkpoints", "device", "cpu_threads", "engine", "pools", "store", "automation", "retries")
+_TOP = ("checkpoints", "device", "cpu_threads", "engine", "pools", "store", "paths", "automation", "retries")
 
 
 def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
@@ -155,6 +167,13 @@ def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
                       if store_raw.get("duckdb_path") is not None else None,
                       parquet_root=_dir(path, "store", "parquet_root", store_raw["parquet_root"])
                       if store_raw.get("parquet_root") is not None else None)
+    paths_raw = raw.get("paths") or {}
+    if not isinstance(paths_raw, Mapping):
+        raise SiteError(path, "<top>", "paths", "expected a mapping",
+                        "write 'paths: {registration_dir: /srv/fear/registration, cache_dir: /srv/fear/cache}'")
+    unknown_keys(path, "paths", paths_raw, ("registration_dir", "cache_dir"))
+    paths = PathsSite(**{k: _dir(path, "paths", k, paths_raw[k]) for k in ("registration_dir", "cache_dir")
+                         if paths_raw.get(k) is not None})
     automation = raw.get("automation", False)
     if not isinstance(automation, bool):
         raise SiteError(path, "<top>", "automation", f"expected true or false, got {automation!r}",
@@ -163,7 +182,7 @@ def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
                       cpu_threads=_int(path, "<top>", "cpu_threads", raw.get("cpu_threads", 0), 0),
                       generation_batch=_int(path, "engine", "generation_batch", engine.get("generation_batch", 16), 1),
                       pack_tokens=_int(path, "engine", "pack_tokens", engine.get("pack_tokens", 1024), 16),
-                      pools=pools, store=store, automation=automation,
+                      pools=pools, store=store, paths=paths, automation=automation,
                       retries=_int(path, "<top>", "retries", raw.get("retries", 2), 0))
 
 

@@ -1,4 +1,4 @@
-"""The ``fear`` command line: ``fear demo | run | status | register | cancel | ui``.
+"""The ``fear`` command line: ``fear demo | run | status | register | cancel | rehearse | ui``.
 
 This module is the console script (``[project.scripts] fear``): it parses and checks the
 arguments with the standard library and the registered settings only, so ``--help`` at every
@@ -22,6 +22,8 @@ from fear_assets.core.site import SITE_ENV, load_site
 
 #: The module the checked command runs in (``python -m``).
 COMMANDS_MODULE = "fear_assets.defs.commands"
+#: ``fear rehearse`` runs in its own module: it sets up a workspace, then runs ``fear`` there.
+REHEARSE_MODULE = "fear_assets.rehearsal.run"
 REGISTER_ARGS = "--stage1-id ID --supplementary-note FILE"
 
 
@@ -73,6 +75,22 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", metavar="RUN_ID", help="the run's id (fear status prints it)")
     cancel.add_argument("--force", action="store_true",
                         help="cancel even though the run's process is still alive on this host")
+    rehearse = sub.add_parser(
+        "rehearse", help="a registered family end to end at its registered shape on random-weight stand-ins",
+        description="Rehearse FAMILY before spending GPU hours: every block, branch, reader and depth of its "
+                    "registered design, pilot to Stage 2 report, in confirmatory mode, on tiny random-weight "
+                    "models of the registered architectures with the registered tokenizers, in a workspace of "
+                    "its own (data/rehearsal/). Reduced only in confirmatory frames per fear (--frames), the "
+                    "depths kept (--depths) and a reduced power simulation; every output says REHEARSAL. "
+                    "Writes rehearsal.json (every step's time and peak memory; documents, tokens and "
+                    "exclusions per table and partition).")
+    rehearse.add_argument("family", metavar="FAMILY", help="a registered family (not the embedded demo)")
+    rehearse.add_argument("--frames", type=int, default=1, help="confirmatory frames per fear (default 1)")
+    rehearse.add_argument("--depths", default=None,
+                          help="depths to keep, in tokens, comma-separated (default: every registered depth)")
+    rehearse.add_argument("--dir", default=None, help="the workspace (default: data/rehearsal/<family>-f<N>...)")
+    rehearse.add_argument("--through", default=None, metavar="STAGE", help="the last stage (default: every stage)")
+    rehearse.add_argument("--device", default="cpu", help="the stand-ins' device (default cpu)")
     ui = sub.add_parser("ui", help="the Dagster UI and daemon on the project's instance (dagster dev)",
                         description="dagster dev -w workspace.yaml on the project's instance, after applying the "
                                     "site configuration's pools to it.")
@@ -110,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     except FearAssetsError as exc:  # the settings or the site file: its message names the field and the fix
         print(f"fear: {exc}", file=sys.stderr)
         return 2
+    if args.command == "rehearse":  # the rehearsal writes its own environment for the commands it runs
+        os.execve(sys.executable, [sys.executable, "-m", REHEARSE_MODULE, *argv[argv.index("rehearse") + 1:]], env)
     os.execve(sys.executable, [sys.executable, "-m", COMMANDS_MODULE, *argv], env)
     return 0  # not reached: execve replaces this process
 

@@ -12,6 +12,7 @@ run log beside the store, not to the console.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -56,6 +57,9 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
 #: The registered inputs a run was built from (``inputs_tags``).
 CODE_TAG, SETTINGS_TAG, BANK_TAG = "fear/code_sha256", "fear/settings_sha256", "fear/bank_sha256"
+#: A file each step's figures are appended to as JSON lines (stage, assets, partition, seconds,
+#: peak resident memory, run id), where set: ``fear rehearse`` measures every step from it.
+STEP_LOG_ENV = "FEAR_STEP_LOG"
 #: The error Dagster fails a step with when one of its blocking checks fails.
 CHECK_FAILED = "DagsterAssetCheckFailedError"
 
@@ -179,6 +183,37 @@ def kept_partitions(defs, instance, family: str, inputs: dict[str, str]):
     return kept
 
 
+def reset_peak_memory() -> None:
+    """Start a new peak of this process's resident memory (Linux: ``clear_refs`` 5 resets VmHWM),
+    so that :func:`peak_memory_mib` after a step is that step's own peak."""
+    clear = Path("/proc/self/clear_refs")
+    if clear.exists():
+        try:
+            clear.write_text("5")
+        except OSError:  # a kernel or sandbox that refuses it: the peak is then the process's so far
+            return
+
+
+def peak_memory_mib() -> float | None:
+    """This process's peak resident memory since :func:`reset_peak_memory` (Linux VmHWM), MiB;
+    None where /proc does not say."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def log_step(record: dict) -> None:
+    """Append one step's figures to ``$FEAR_STEP_LOG`` (nothing where it is unset)."""
+    path = os.environ.get(STEP_LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
 def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=None) -> Stop | None:
     """Each step of ``stages`` for ``family``, in the protocol's order, through ``instance``;
     prints one line per step and partition. Returns the first failed step or failed blocking
@@ -204,9 +239,13 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
                 print(f"  {label[:90]:<90} kept (finished in an earlier run)")
                 continue
             ran = True
+            reset_peak_memory()
             t = time.perf_counter()
             result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),
                                             raise_on_error=False, run_config=QUIET, tags=tags)
+            log_step({"stage": step.stage, "assets": [k.to_user_string() for k in step.keys],
+                      "partition": None if key is None else str(key), "seconds": round(time.perf_counter() - t, 2),
+                      "peak_rss_mib": peak_memory_mib(), "run_id": result.run_id, "success": result.success})
             failures = [e for e in result.all_events if e.is_step_failure]
             # a failed blocking check also fails its step; that is the gate's stop, reported below
             gate_failures = [e for e in failures if e.event_specific_data.error.cls_name == CHECK_FAILED]
@@ -257,8 +296,8 @@ def run(duckdb_path: str | None = None) -> int:
         rd = spec.reduced_design
         print(f"  REDUCED DESIGN: {rd.reason}")
         print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; pilot frames "
-              f"{', '.join(rd.pilot_frames)}; {rd.confirmatory_frames_per_fear} confirmatory frame(s) per fear; "
-              f"scored blocks {', '.join(rd.scored_blocks)}")
+              f"{', '.join(rd.pilot_frames or ('the registered set',))}; {rd.confirmatory_frames_per_fear} "
+              f"confirmatory frame(s) per fear; scored blocks {', '.join(rd.scored_blocks or ('every block',))}")
         print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "
               "analysis reads the pilot's scores (descriptive) and costs no second round of scoring.")
     print(f"  stages: {' -> '.join(STAGE_NAMES)}; library warnings: {log_path}")

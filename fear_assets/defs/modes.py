@@ -45,7 +45,8 @@ def gate_severity(protocol: ProtocolResource, context: dg.AssetCheckExecutionCon
     verdict that stops (``registration.issue.gate_blocks``), WARN otherwise."""
     family = check_family(context, table)
     mode = protocol.mode(family) if family is not None else PILOT
-    return dg.AssetCheckSeverity.ERROR if gate_blocks(mode, stops) else dg.AssetCheckSeverity.WARN
+    rehearsal = family is not None and protocol.rehearsal(family)
+    return dg.AssetCheckSeverity.ERROR if gate_blocks(mode, stops, rehearsal) else dg.AssetCheckSeverity.WARN
 
 
 def family_metadata(context, table=None) -> dict[str, str]:

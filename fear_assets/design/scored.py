@@ -18,7 +18,7 @@ def scored_rows(settings, family_key: str, trial_table: pd.DataFrame) -> pd.Data
     family = settings.family(family_key)
     table = trial_table[~trial_table["block"].isin(set(settings.positive_controls.pilot_blocks))]
     if family.reduced_design is not None:
-        table = table[table["block"].isin(family.reduced_design.scored_blocks)]
+        table = table[table["block"].map(family.reduced_design.scores)]
     return table
 
 

@@ -93,12 +93,12 @@ def registered_selection(settings: ProtocolSettings, bank: Bank, family: Family,
 
     pilot, confirmatory = [], []
     for fear in settings.fears:
-        if reduced is None:
+        if reduced is None or reduced.pilot_frames is None:
             pilot += take(bank.frames_of(fear, "pilot"), None)
         confirmatory += take(bank.frames_of(fear, "confirmatory"), reduced and reduced.confirmatory_frames_per_fear)
-    if reduced is not None:
+    if reduced is not None and reduced.pilot_frames is not None:
         pilot = [bank.item(i).id for i in reduced.pilot_frames]
-    events = {c: take(bank.events_of(c), reduced and reduced.events_per_class)
+    events = {c: take(bank.events_of(c), reduced.events_per_class if reduced is not None else None)
               for c in settings.bank.event_classes}
     if reduced is None and len(confirmatory) < int(settings.design.confirmatory_frames_required):
         raise DesignError(

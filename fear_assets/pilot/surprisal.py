@@ -148,8 +148,7 @@ def judge_blocks_scored(view: Registered) -> bool:
     joint model needs the judge's own surprisal covariates only then (4.3, 4.8)."""
     settings, family = view.settings, view.family
     judge_blocks = [b.name for b in settings.blocks if b.reader == "judge" and b.kind != "baseline"]
-    scored = family.reduced_design.scored_blocks if family.reduced_design else judge_blocks
-    return bool(set(judge_blocks) & set(scored))
+    return any(family.reduced_design.scores(b) if family.reduced_design else True for b in judge_blocks)
 
 
 def reader_surprisal(load: Loader | None, bank: Bank, names: Sequence[str], view: Registered, role: str,

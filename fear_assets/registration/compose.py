@@ -80,7 +80,8 @@ def compose_record(settings, family_key: str, mode: str, hashes: Mapping[str, st
     zero = settings.zero_preference
     return {
         "protocol": settings.protocol.name, "protocol_version": settings.protocol.version,
-        "family": family_key, "mode": mode, "status": registration_status(mode, failed_gates),
+        "family": family_key, "mode": mode, "status": registration_status(mode, failed_gates,
+                                                                  bool(family.reduced_design and family.reduced_design.rehearsal)),
         "stand_in": family.stand_in or "", "reduced_design": family.reduced_design.reason if family.reduced_design else "",
         **{k: hashes[k] for k in ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_code_sha256")},
         **note,

@@ -97,12 +97,13 @@ def power_gate(power: Mapping[str, Any] | None, family: str) -> dict:
             "message": "registered power result stored (its targets are judged by power_summary's check)"}
 
 
-def registration_status(mode: str, failed_gates: list[str]) -> str:
+def registration_status(mode: str, failed_gates: list[str], rehearsal: bool = False) -> str:
     """``draft`` in pilot mode; in confirmatory mode ``registered`` only when every
-    registration gate passes, else ``refused`` (the record says which gates failed)."""
+    registration gate passes, else ``refused`` (the record says which gates failed). A
+    rehearsal's issued record stays issued with failed gates (it says it is a rehearsal)."""
     if mode != "confirmatory":
         return DRAFT
-    return REFUSED if failed_gates else REGISTERED
+    return REFUSED if failed_gates and not rehearsal else REGISTERED
 
 
 def deviations(zero_preference_low: float, zero_preference_high: float) -> list[dict]:

@@ -32,6 +32,12 @@ CHECKED = {"settings_sha256": ("settings", "settings section"), "bank_sha256": (
            "analysis_code_sha256": ("code", "code file")}
 
 
+#: What an issued rehearsal record says of itself (``fear rehearse``).
+REHEARSAL_NOTE = ("REHEARSAL, NOT A REGISTRATION: random-weight stand-ins of the registered checkpoints at the "
+                  "registered shape; every output is meaningless as science; issued despite failed gates so that "
+                  "the confirmatory steps run; its gates never block.")
+
+
 def is_issued(record: Mapping[str, Any] | None) -> bool:
     """Whether a family record is the issued (registered) one; a draft or a refused record is not."""
     return bool(record) and record.get("status") == REGISTERED
@@ -42,11 +48,13 @@ def family_mode(registration_dir: str | Path, family: str) -> str:
     return CONFIRMATORY if is_issued(read_family_record(registration_dir, family)) else PILOT
 
 
-def gate_blocks(mode: str, stops: bool = True) -> bool:
+def gate_blocks(mode: str, stops: bool = True, rehearsal: bool = False) -> bool:
     """Whether a failed registration gate stops the family's downstream steps: only for a
     registered family, and only where the gate's own verdict stops (a gate that merely warns,
-    such as the bank-level matching tests before the final bank, never does)."""
-    return stops and mode == CONFIRMATORY
+    such as the bank-level matching tests before the final bank, never does). A rehearsal's
+    gates never stop: its random-weight stand-ins fail them by construction, and what it
+    rehearses is the confirmatory steps downstream."""
+    return stops and mode == CONFIRMATORY and not rehearsal
 
 
 def frozen_items(settings: ProtocolSettings, bank: Bank, code: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -119,12 +127,14 @@ def issue_record(registration_dir: str | Path, family: str, stage1_id: str, note
                               f"{draft.get('issued_at') or '?'}): a registered record is never re-issued. Fix: file "
                               "an amendment (move the record aside, re-run the pilot's registration_record, "
                               "register again)")
+    settings = load_settings(settings_path()) if settings is None else settings
+    reduced = settings.family(family).reduced_design
+    rehearsal = reduced is not None and reduced.rehearsal
     failed = list(draft.get("failed_gates") or [n for n, g in (draft.get("gates") or {}).items() if not g.get("passed")])
-    if failed:
+    if failed and not rehearsal:
         raise FearAssetsError(f"{path}: {family} cannot be registered while registration gates fail: "
                               f"{', '.join(failed)}. Fix: fix each as the record says, re-run the pilot assets it "
                               "names and registration_record, then register")
-    settings = load_settings(settings_path()) if settings is None else settings
     bank = load_bank(DEFAULT_BANK_DIR, settings) if bank is None else bank
     code = registered_code_hashes() if code is None else code
     current = {"settings_sha256": settings.sha256, "bank_sha256": bank.sha256, "analysis_code_sha256": sha256_obj(code)}
@@ -135,7 +145,9 @@ def issue_record(registration_dir: str | Path, family: str, stage1_id: str, note
                           "drafted ones), then register")
     issued = {**draft, "mode": CONFIRMATORY, "status": REGISTERED, "stage1_id": str(stage1_id).strip(),
               "issued_at": now, "supplementary_note": str(note), "supplementary_note_sha256": sha256_file(note),
-              "frozen_items": frozen_items(settings, bank, code)}
+              "frozen_items": frozen_items(settings, bank, code),
+              **({"rehearsal": REHEARSAL_NOTE + (f" Gates that failed: {', '.join(failed)}." if failed else "")}
+                 if rehearsal else {})}
     atomic_write(path, json.dumps(issued, indent=2, sort_keys=True) + "\n")
     atomic_write(path.with_suffix(".md"), markdown(issued))
     return path

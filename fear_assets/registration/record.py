@@ -45,7 +45,7 @@ FROZEN_FIELDS = ("settings_sha256", "bank_sha256", "manifest_sha256", "analysis_
                  "supplementary_note_sha256")
 #: What issuing adds to a draft (``registration.issue``); a later run of the record asset on
 #: the same frozen inputs keeps them.
-ISSUE_FIELDS = ("stage1_id", "issued_at", "frozen_items")
+ISSUE_FIELDS = ("stage1_id", "issued_at", "frozen_items", "rehearsal")
 
 
 def _not_hashed(relative: Path) -> bool:
@@ -133,6 +133,8 @@ def markdown(record: Mapping[str, Any]) -> str:
     """The record for a reader: frozen inputs, selections, then one line per gate."""
     lines = [f"# Registration record: {record['protocol']} ({record['protocol_version']}), family `{record['family']}`",
              "", f"Status: **{record['status']}** (mode `{record['mode']}`)."]
+    if record.get("rehearsal"):
+        lines += ["", f"**{record['rehearsal']}**"]
     if record.get("stage1_id"):
         lines += ["", f"Issued {record.get('issued_at', '')} as Stage 1 `{record['stage1_id']}`."]
     if record.get("stand_in"):

@@ -140,7 +140,8 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
                               view.seed("power", family_key, "design", frames, 0, "covariates"))
     fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
-    blocks = view.power.demo.blocks if view.embedded else tuple(PRIMARY_MODEL_BLOCKS)
+    reduced = view.power_reduction
+    blocks = reduced.blocks if reduced is not None else tuple(PRIMARY_MODEL_BLOCKS)
     labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
                        view.master_seed, log=log, blocks=blocks)
     write_batch(path, labels)
@@ -169,9 +170,10 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
     directory = power_dir / family_key / run_key(settings, family_key, estimates)
     labels = read_batches(directory)
     t = PowerTargets.from_settings(settings)
-    demo = view.embedded
-    if demo:  # the reduced demo runs at its own frame count only
-        frames = view.power.demo.frames
+    reduced = view.power_reduction
+    demo = reduced is not None
+    if demo:  # a reduced simulation (the demo's, a rehearsal's) runs at its own frame count only
+        frames = reduced.frames
         t = PowerTargets(**{**t.__dict__, "frames_start": frames, "frames_max": frames})
     if labels.empty:
         raise ValueError(f"no finished power batches under {directory}: materialise power_simulation for "
@@ -179,8 +181,9 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
     decision = decide(labels, t, NOT_SIMULATED)
     from_targets = label_frequencies_records(labels)
     expected = len(batch_keys_of(settings, family_key))
-    section = {"demo": demo, "note": ("REDUCED DEMO SIMULATION, NOT the registered simulation: "
-                                      f"{settings.power.demo.as_written()}") if demo else "",
+    what = "REHEARSAL" if view.rehearsal else "DEMO"
+    section = {"demo": demo, "note": (f"REDUCED {what} SIMULATION, NOT the registered simulation: "
+                                      f"{reduced.as_written()}") if demo else "",
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
                "frame_parametrisation": frame_forms_record(view.frame_parametrisation, labels),

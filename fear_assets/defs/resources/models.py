@@ -37,7 +37,10 @@ class LanguageModelResource(dg.ConfigurableResource):
 
     @classmethod
     def from_site(cls, site: SiteConfig, **config) -> "LanguageModelResource":
-        """The resource a host's site configuration describes (``config``: e.g. ``cache_dir``)."""
+        """The resource a host's site configuration describes (``config``: e.g. ``cache_dir``;
+        default the site's ``paths.cache_dir``, else the project's)."""
+        if site.paths.cache_dir is not None:
+            config = {"cache_dir": str(site.paths.cache_dir), **config}
         return cls(device=site.device, cpu_threads=site.cpu_threads,
                    checkpoint_dirs={name: str(p) for name, p in site.checkpoints.items()},
                    site_file=str(site.path) if site.path is not None else "",

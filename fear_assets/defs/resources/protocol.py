@@ -11,6 +11,7 @@ import dagster as dg
 from fear_assets.core.registered import Registered, registered
 from fear_assets.core.settings import (DEFAULT_BANK_DIR, DEFAULT_CACHE_DIR, DEFAULT_REGISTRATION_DIR,
                                        ProtocolSettings, load_settings, settings_path as current_settings_path)
+from fear_assets.core.site import load_site
 from fear_assets.registration.issue import family_mode, refuse_changed_inputs
 from fear_assets.registration.record import read_family_record
 from fear_assets.stimuli.bank import Bank, load_bank
@@ -31,14 +32,19 @@ def _stamp(root: Path) -> tuple:
     return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*.yaml")))
 
 
+#: This host's directories (the site configuration's ``paths``), read once when the definitions
+#: load, like the rest of the site: the project's data/ where the site names none.
+SITE_PATHS = load_site().paths
+
+
 class ProtocolResource(dg.ConfigurableResource):
     """Where the registered settings, the bank and the registration record live."""
 
     #: Default: the file the definition-time layout read (``core.settings.settings_path``).
     settings_path: str = str(current_settings_path())
     bank_dir: str = str(DEFAULT_BANK_DIR)
-    registration_dir: str = str(DEFAULT_REGISTRATION_DIR)
-    cache_dir: str = str(DEFAULT_CACHE_DIR)
+    registration_dir: str = str(SITE_PATHS.registration_dir or DEFAULT_REGISTRATION_DIR)
+    cache_dir: str = str(SITE_PATHS.cache_dir or DEFAULT_CACHE_DIR)
 
     def settings(self) -> ProtocolSettings:
         path = Path(self.settings_path)
@@ -51,6 +57,10 @@ class ProtocolResource(dg.ConfigurableResource):
     def mode(self, family_key: str) -> str:
         """The family's mode: confirmatory once its registration record is issued, else pilot."""
         return family_mode(self.registration_dir, family_key)
+
+    def rehearsal(self, family_key: str) -> bool:
+        """Whether the family is a rehearsal (its gates never block: ``registration.issue.gate_blocks``)."""
+        return registered(self.settings(), family_key).rehearsal
 
     def view(self, family_key: str) -> Registered:
         """The family's registered view in its own mode. A registered family whose settings,

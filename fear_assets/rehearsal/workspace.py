@@ -1,0 +1,166 @@
+"""A rehearsal's workspace: a registered family at its registered shape, on random-weight
+stand-ins, in a directory of its own (``fear rehearse``).
+
+A rehearsal changes no registered file and touches no other run: it writes, under its own
+root, a copy of the registered settings whose one difference is the family's
+``reduced_design`` (confirmatory frames per fear, optionally fewer depths, a reduced power
+simulation, ``rehearsal: true``; its ``reason`` is said in every output), a freeze record of
+that copy, a site configuration that places the stand-in checkpoints exactly as a lab places
+real weights (``checkpoints:``) and points the store, the registration directory and the
+cache at the workspace, and a Dagster instance (``dagster.yaml``). Every step then runs
+through the product's own ``fear run`` and ``fear register`` in that environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import yaml
+
+from fear_assets.core.errors import FearAssetsError
+from fear_assets.core.settings import DATA_DIR, DEFAULT_CACHE_DIR, PROJECT_ROOT, SETTINGS_ENV, load_settings
+from fear_assets.core.site import SITE_ENV
+from fear_assets.registration.freeze import freeze_record, write_record
+from fear_assets.stimuli.bank import load_bank
+
+#: The reduced power simulation of a rehearsal: every simulated model once per scenario, on a
+#: short sampler, so that each model the reading needs is compiled and sampled at the shape.
+REHEARSAL_POWER = {"datasets": 1, "scenarios": ["meaningful", "null"],
+                   "sampler": {"draws": 100, "tune": 100, "chains": 2},
+                   "blocks": ["primary", "recall", "service_relevance", "control_instructed_interaction",
+                              "control_instructed_priority", "control_marked_priority", "control_addressee_name",
+                              "judge", "probe", "forced_choice"]}
+#: Where the rehearsals live by default (one directory per family and shape).
+DEFAULT_ROOT = DATA_DIR / "rehearsal"
+
+
+class RehearsalError(FearAssetsError):
+    """A rehearsal cannot be set up as asked (names the argument and the fix)."""
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """One rehearsal: the family, its confirmatory frames per fear, the depths kept (token
+    counts; None: every registered depth) and the workspace root."""
+
+    family: str
+    frames: int
+    depths: tuple[int, ...] | None
+    root: Path
+
+    @property
+    def settings_path(self) -> Path:
+        return self.root / "protocol_settings.yaml"
+
+    @property
+    def site_path(self) -> Path:
+        return self.root / "site.yaml"
+
+    @property
+    def registration_dir(self) -> Path:
+        return self.root / "registration"
+
+    @property
+    def cache_dir(self) -> Path:
+        """The workspace's cache: a link to the project's (tokenizers, stand-in models), so the
+        step outputs, which sit beside the cache, land in the workspace."""
+        return self.root / "cache"
+
+    @property
+    def duckdb_path(self) -> Path:
+        return self.root / "fear_assets.duckdb"
+
+    @property
+    def note_path(self) -> Path:
+        return self.root / "rehearsal_note.txt"
+
+    def environment(self) -> dict[str, str]:
+        """The process environment every rehearsal step runs in."""
+        env = {k: v for k, v in os.environ.items() if k not in ("FEAR_ASSETS_DUCKDB", "FEAR_ASSETS_STORE")}
+        return {**env, SETTINGS_ENV: str(self.settings_path), SITE_ENV: str(self.site_path),
+                "DAGSTER_HOME": str(self.root)}
+
+
+def reduction_reason(family: str, frames: int, registered_frames: int, depths: Sequence[int] | None,
+                     registered_depths: Sequence[int]) -> str:
+    """The sentence every output of the rehearsal carries (the reduced design's ``reason``)."""
+    kept = ("every registered depth" if depths is None or list(depths) == list(registered_depths) else
+            f"depths {', '.join(map(str, depths))} of the registered {', '.join(map(str, registered_depths))} tokens")
+    return (f"REHEARSAL of {family} at its registered shape on random-weight stand-in models: every output is "
+            f"meaningless as science. Reduced only in {frames} confirmatory frame(s) per fear (registered: "
+            f"{registered_frames}), {kept}, and a reduced power simulation (one dataset per scenario, a short "
+            "sampler); every block, branch and reader of the registered design is scored.")
+
+
+def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[int] | None) -> dict:
+    """The registered settings mapping with ``family`` turned into its rehearsal: a
+    ``reduced_design`` with ``rehearsal: true``, the confirmatory frames per fear, the reduced
+    power simulation and (``depths``) the depths kept. Pure; nothing else changes."""
+    families = dict(raw.get("families") or {})
+    if family not in families:
+        raise RehearsalError(f"family {family!r} is not registered (registered: {', '.join(families)}). "
+                             "Fix: name one of the registered families")
+    spec = dict(families[family])
+    if spec.get("role") == "embedded":
+        raise RehearsalError(f"{family} is the embedded demonstration, not a registered family: rehearse one of "
+                             f"{', '.join(k for k, f in families.items() if f.get('role') != 'embedded')}")
+    if frames < 1:
+        raise RehearsalError(f"--frames {frames}: a rehearsal needs at least 1 confirmatory frame per fear")
+    registered_depths = list(spec["depth_tokens"])
+    if depths is not None:
+        unknown = [d for d in depths if d not in registered_depths]
+        if unknown or not depths:
+            raise RehearsalError(f"--depths {', '.join(map(str, depths))}: {family} registers the depths "
+                                 f"{', '.join(map(str, registered_depths))} (tokens). Fix: keep some of those")
+        spec["depth_tokens"] = sorted(depths)
+    fears = list(raw["bank"]["fears"])
+    lo, hi = raw["bank"]["frame_sets"]["confirmatory"]
+    registered_frames = (hi - lo + 1)
+    spec["reduced_design"] = {
+        "reason": reduction_reason(family, frames, registered_frames, depths, registered_depths),
+        "confirmatory_frames_per_fear": int(frames),
+        "rehearsal": True,
+        "power": {**REHEARSAL_POWER, "frames": int(frames) * len(fears)},
+    }
+    families[family] = spec
+    return {**raw, "families": families}
+
+
+def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directories: Mapping[str, Path],
+                      cache_dir: Path = DEFAULT_CACHE_DIR, device: str = "cpu") -> Rehearsal:
+    """Write the rehearsal's settings, freeze record, site file, instance and note under its
+    root (idempotent: a second call rewrites the same files, so a rerun resumes). ``directories``:
+    checkpoint -> the stand-in's directory (``rehearsal.models.build_family``)."""
+    root = rehearsal.root
+    root.mkdir(parents=True, exist_ok=True)
+    raw = yaml.safe_load(Path(registered_settings).read_text(encoding="utf-8"))
+    text = ("# A REHEARSAL's settings, written by `fear rehearse`: the registered file with one family's\n"
+            "# reduced_design added. Not a registered file; do not edit.\n"
+            + yaml.safe_dump(rehearsal_settings(raw, rehearsal.family, rehearsal.frames, rehearsal.depths),
+                             sort_keys=False, allow_unicode=True, width=120))
+    _write(rehearsal.settings_path, text)
+    settings = load_settings(rehearsal.settings_path)
+    write_record(freeze_record(settings, load_bank(settings=settings)), rehearsal.registration_dir)
+    link = rehearsal.cache_dir
+    if not link.exists():
+        link.symlink_to(Path(cache_dir).resolve(), target_is_directory=True)
+    site = {"checkpoints": {name: str(Path(p).resolve()) for name, p in sorted(directories.items())},
+            "device": device,
+            "store": {"kind": "duckdb", "duckdb_path": str(rehearsal.duckdb_path)},
+            "paths": {"registration_dir": str(rehearsal.registration_dir), "cache_dir": str(link)}}
+    _write(rehearsal.site_path, "# A rehearsal's site configuration (fear rehearse): stand-in checkpoints.\n"
+           + yaml.safe_dump(site, sort_keys=False))
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", root / "dagster.yaml")
+    _write(rehearsal.note_path, "Rehearsal: no supplementary note exists for a rehearsal; this file stands in "
+           "for it so that the record is issued through the product's own command.\n")
+    return rehearsal
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

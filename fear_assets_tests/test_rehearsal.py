@@ -1,0 +1,142 @@
+"""A rehearsal (``fear rehearse``, issue 26): a registered family at its registered shape on
+random-weight stand-ins, "in confirmatory mode, every block ... every registered depth, with
+the confirmatory frame count reduced to N per fear (the only reduction, stated in every
+output)". These tests cover its settings, its workspace and what a rehearsal changes in the
+product's rules (its gates never block; its record is issued despite failed gates and says
+it is a rehearsal), each by simulating the case that would break it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from fear_assets.core.errors import FearAssetsError, SettingsError
+from fear_assets.core.registered import registered
+from fear_assets.core.settings import REGISTERED_SETTINGS_PATH, load_settings
+from fear_assets.core.site import load_site
+from fear_assets.design.trials import build_grid, registered_selection
+from fear_assets.defs.resources.models import LanguageModelResource
+from fear_assets.registration.issue import gate_blocks, issue_record
+from fear_assets.registration.record import write_family_record
+from fear_assets.rehearsal.workspace import (Rehearsal, RehearsalError, prepare_workspace, rehearsal_settings)
+from fear_assets.simulation.batches import batch_keys_of
+from fear_assets.stimuli.bank import load_bank
+from fear_assets_tests.conftest import EMBEDDED, PRIMARY
+from fear_assets_tests.issued import NOW, pilot_draft
+
+GEMMA = "gemma-2-9b"
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return yaml.safe_load(REGISTERED_SETTINGS_PATH.read_text(encoding="utf-8"))
+
+
+def _settings(tmp_path, mapping, name="settings.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8")
+    return load_settings(path)
+
+
+def test_a_rehearsal_reduces_only_the_confirmatory_frames_and_keeps_every_block_and_depth(tmp_path, raw, settings, bank):
+    """Every block of the accounting and every registered depth are in the rehearsal's design;
+    the confirmatory frames are N per fear, the pilot's frames are the registered ones."""
+    rehearsal = _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, None))
+    family = rehearsal.family(PRIMARY)
+    assert family.reduced_design.rehearsal and family.depth_tokens == settings.family(PRIMARY).depth_tokens
+    selection = registered_selection(rehearsal, bank, family)
+    full = registered_selection(settings, bank, settings.family(PRIMARY))
+    assert selection.pilot == full.pilot and len(selection.confirmatory) == len(settings.fears)
+    assert selection.generic_aversive == full.generic_aversive and selection.surprise_only == full.surprise_only
+    grid = build_grid(rehearsal, load_bank(settings=rehearsal), PRIMARY)
+    assert set(grid["block"]) == {b.name for b in settings.blocks}
+    assert all(family.reduced_design.scores(b.name) for b in settings.blocks)
+    # Said in every output: the reason names the rehearsal and the one reduction.
+    assert "REHEARSAL" in family.reduced_design.reason and "1 confirmatory frame(s) per fear" in family.reduced_design.reason
+    # The other families are untouched.
+    assert rehearsal.family(GEMMA) == settings.family(GEMMA)
+
+
+def test_a_rehearsals_depths_and_frames_are_checked_against_the_registered_design(raw):
+    with pytest.raises(RehearsalError, match="registers the depths"):
+        rehearsal_settings(raw, GEMMA, 1, [0, 300])
+    with pytest.raises(RehearsalError, match="embedded demonstration"):
+        rehearsal_settings(raw, EMBEDDED, 1, None)
+    with pytest.raises(RehearsalError, match="not registered"):
+        rehearsal_settings(raw, "qwen9", 1, None)
+    with pytest.raises(RehearsalError, match="at least 1"):
+        rehearsal_settings(raw, PRIMARY, 0, None)
+    kept = rehearsal_settings(raw, GEMMA, 2, [0, 6144])["families"][GEMMA]
+    assert kept["depth_tokens"] == [0, 6144] and "depths 0, 6144 of the registered" in kept["reduced_design"]["reason"]
+
+
+def test_a_rehearsal_runs_its_reduced_power_simulation_not_the_registered_one(tmp_path, raw, settings):
+    """The registered family simulates 2,000 datasets over 50..100 frames; its rehearsal one
+    dataset per scenario at its own frame count, with every simulated model."""
+    rehearsal = _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 2, None))
+    view = registered(rehearsal, PRIMARY)
+    assert view.power_reduction is not None and view.power_datasets == 1
+    assert view.power_reduction.frames == 2 * len(settings.fears)
+    assert len(view.power_reduction.blocks) == 10
+    keys = batch_keys_of(rehearsal, PRIMARY)
+    assert keys == [f"{s}.f010.b000" for s in ("meaningful", "null")]
+    assert len(batch_keys_of(settings, PRIMARY)) > 100 and registered(settings, PRIMARY).power_reduction is None
+
+
+def test_a_reduced_designs_power_section_is_validated_where_it_is_declared(tmp_path, raw):
+    bad = rehearsal_settings(raw, PRIMARY, 1, None)
+    bad["families"][PRIMARY]["reduced_design"]["power"]["scenarios"] = ["often"]
+    with pytest.raises(SettingsError, match=r"reduced_design\.power"):
+        _settings(tmp_path, bad)
+
+
+def test_a_rehearsals_gates_never_block_and_a_registered_familys_do():
+    assert gate_blocks("confirmatory", True, rehearsal=False)
+    assert not gate_blocks("confirmatory", True, rehearsal=True)
+    assert not gate_blocks("pilot", True, rehearsal=False)
+
+
+def test_a_rehearsals_record_is_issued_despite_failed_gates_and_says_so(tmp_path, raw, bank):
+    """A registered family's draft with a failed gate is refused; the same draft of a rehearsal
+    is issued (so that its confirmatory steps run), marked as a rehearsal naming the gates."""
+    note = tmp_path / "note.txt"
+    note.write_text("rehearsal note")
+    failed = {"gates": {"name_gate (4.2)": {"passed": False, "numbers": {}, "message": "split"}},
+              "failed_gates": ["name_gate (4.2)"]}
+    registered_settings = load_settings()
+    plain = tmp_path / "registered"
+    write_family_record(plain, pilot_draft(registered_settings, bank, PRIMARY, **failed), confirmatory=False)
+    with pytest.raises(FearAssetsError, match="cannot be registered while registration gates fail"):
+        issue_record(plain, PRIMARY, "S1", note, NOW, settings=registered_settings, bank=bank)
+    rehearsal = _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, None))
+    rehearsal_bank = load_bank(settings=rehearsal)
+    directory = tmp_path / "rehearsal"
+    write_family_record(directory, pilot_draft(rehearsal, rehearsal_bank, PRIMARY, **failed), confirmatory=False)
+    path = issue_record(directory, PRIMARY, "REHEARSAL", note, NOW, settings=rehearsal, bank=rehearsal_bank)
+    record = json.loads(path.read_text())
+    assert record["status"] == "registered" and "REHEARSAL, NOT A REGISTRATION" in record["rehearsal"]
+    assert "name_gate (4.2)" in record["rehearsal"]
+    assert "REHEARSAL, NOT A REGISTRATION" in path.with_suffix(".md").read_text()
+
+
+def test_the_workspace_places_the_stand_ins_and_its_own_directories_through_the_site_file(tmp_path, raw, settings):
+    """The site file names each stand-in under ``checkpoints`` (as a lab places weights) and
+    points the store, the registration directory and the cache at the workspace; its settings
+    are frozen there, and the registered files are untouched."""
+    before = REGISTERED_SETTINGS_PATH.read_bytes()
+    stand_in = tmp_path / "models" / "qwen"
+    stand_in.mkdir(parents=True)
+    rehearsal = prepare_workspace(Rehearsal(PRIMARY, 1, (0, 256), tmp_path / "ws"), REGISTERED_SETTINGS_PATH,
+                                  {"Qwen/Qwen2.5-7B-Instruct": stand_in}, cache_dir=tmp_path / "cache-src")
+    site = load_site(rehearsal.site_path, registered_checkpoints=settings.models)
+    assert site.checkpoint_dir("Qwen/Qwen2.5-7B-Instruct") == stand_in.resolve()
+    assert site.store.duckdb_path == rehearsal.duckdb_path
+    assert site.paths.registration_dir == rehearsal.registration_dir and site.paths.cache_dir == rehearsal.cache_dir
+    assert LanguageModelResource.from_site(site).cache_dir == str(rehearsal.cache_dir)
+    frozen = json.loads((rehearsal.registration_dir / "frozen_inputs.json").read_text())
+    assert frozen["settings_sha256"] == load_settings(rehearsal.settings_path).sha256 != settings.sha256
+    assert REGISTERED_SETTINGS_PATH.read_bytes() == before
+    env = rehearsal.environment()
+    assert env["FEAR_ASSETS_SETTINGS"] == str(rehearsal.settings_path) and env["DAGSTER_HOME"] == str(rehearsal.root)
