@@ -193,3 +193,31 @@ def test_the_reading_section_shows_a_non_converged_gate_label_as_not_to_be_read(
     assert gate_b["label the reading used"] == "supported"
     assert gate_b["label as read (estimands)"] == NOT_CONVERGED_TEXT
     assert labels.set_index("input").loc["h2", "label as read (estimands)"] == "unresolved"
+
+
+def _scores(blocks, excluded: bool) -> pd.DataFrame:
+    return pd.DataFrame([{"block": b, "depth": "d1", "excluded_context": excluded, "answer_exceeds_context": False,
+                          "generation_truncated": False, "item_id": "TER-03", "settings_sha256": "s"} for b in blocks])
+
+
+def test_a_confirmatory_report_counts_exclusions_of_the_confirmatory_scores_and_lists_every_block(settings, tmp_path):
+    """Appendix C step 7 reports the collection: where the family scored confirmatory blocks, the
+    exclusions are those of the rows the analysis read (not the pilot's), and the trial
+    accounting lists every block of the closed accounting with its rows."""
+    pilot = _scores(["pilot_primary"], excluded=False)
+    confirmatory = _scores(["primary", "judge", "base_checkpoint"], excluded=True)
+    blocks = [b.name for b in settings.blocks]
+    accounting = pd.DataFrame([{"family": FAMILY, "block": b, "kind": "agent", "frames": "confirmatory",
+                                "n_frames": 5, "expected_rows": 10, "actual_rows": 10, "status": "closed"}
+                               for b in blocks])
+    tables = _tables(_document(settings, _tables_in(tmp_path, scores=pilot, confirmatory_scores=confirmatory,
+                                                    accounting=accounting)))
+    exclusions = next(rows for heading, rows in tables.items() if heading.startswith("Exclusions"))
+    assert {row[0] for row in exclusions[1:]} == {"primary", "judge", "base_checkpoint"}
+    assert all(row[1] == "1" for row in exclusions[1:])
+    listed = next(rows for heading, rows in tables.items() if heading.startswith("Trial accounting"))
+    assert [row[0] for row in listed[1:]] == blocks
+    # A design that scored no confirmatory block (the reduced demo) reports the pilot's rows.
+    tables = _tables(_document(settings, _tables_in(tmp_path, scores=pilot, confirmatory_scores=confirmatory.iloc[:0])))
+    exclusions = next(rows for heading, rows in tables.items() if heading.startswith("Exclusions"))
+    assert [row[0] for row in exclusions[1:]] == ["pilot_primary"]

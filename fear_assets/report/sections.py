@@ -17,6 +17,7 @@ from fear_assets.analysis.plots import diagnostic_plots, forest_plot
 from fear_assets.analysis.steps import FITS_FILE, contrast_draws
 from fear_assets.core.hashing import sha256_file
 from fear_assets.lm.models import manifest_digest, registry
+from fear_assets.models.data import analysed_rows
 from fear_assets.registration.record import analysis_code_sha256
 from fear_assets.core.registered import Registered
 from fear_assets.reading.steps import LABELS as READING_LABELS, labels_table
@@ -134,6 +135,15 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
                                                                    [n for n in names if not have(n)]))
     chains = settings.sampler.chains if chains is None else chains
     sections, n_dev = [], 0
+    # The scores the analysis read: the confirmatory ones, or the pilot's where the design
+    # scored no confirmatory block (the reduced demo); exclusions and deviations follow them.
+    pilot = tables.get("scores")
+    scores, frame_set = analysed_rows(tables.get("confirmatory_scores") if have("confirmatory_scores")
+                                      else pilot.iloc[:0] if pilot is not None else pd.DataFrame(),
+                                      pilot if pilot is not None else pd.DataFrame())
+    if frame_set == "confirmatory":
+        tables = {**tables, "scores": scores}
+        sources = {**sources, "scores": sources.get("confirmatory_scores", [])}
     record = json.loads(tables["registration_record"]["record_json"].iloc[0]) if have("registration_record") else None
     if record is not None:
         reg = pd.DataFrame([{"item": k, "value": plain(record[k])}
@@ -207,9 +217,17 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
         s = tables["scores"]
         excl = s.groupby("block")[["excluded_context", "answer_exceeds_context", "generation_truncated"]] \
             .sum().astype(int).reset_index()
-        sections.append(Section("Exclusions (4.8)", "Trials flagged, by block.", excl, sources.get("scores", [])))
+        sections.append(Section("Exclusions (4.8)", f"Trials flagged, by block, of the {frame_set} scores "
+                                "(the rows the analysis read).", excl, sources.get("scores", [])))
     else:
         sections.append(missing("Exclusions (4.8)", "scores"))
+    if have("accounting"):
+        acc = tables["accounting"]
+        sections.append(Section("Trial accounting (D2): every block", "Each block of the closed accounting with "
+                                "its frames, expected and scored rows, and whether it closed.",
+                                acc[[c for c in ACCOUNTING_SHOWN if c in acc.columns]], sources.get("accounting", [])))
+    else:
+        sections.append(missing("Trial accounting (D2)", "accounting"))
     needed = ("registration_record", "posteriors", "scores", "frame_bank", "model_manifest", "matched_frames",
               "surprisal")
     if have(*needed):
@@ -232,6 +250,8 @@ def family_sections(settings, family_key: str, tables: dict[str, pd.DataFrame | 
 
 
 ESTIMANDS_CSV, ESTIMANDS_JSON = "estimands.csv", "estimands.json"
+#: The trial accounting's columns the report shows (one row per block).
+ACCOUNTING_SHOWN = ("block", "kind", "frames", "n_frames", "expected_rows", "actual_rows", "status")
 
 
 def write_estimands(directory: Path, posteriors: pd.DataFrame | None) -> dict:

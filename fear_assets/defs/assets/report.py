@@ -67,7 +67,7 @@ def _stored(context, name: str, family_key: str) -> pd.DataFrame | None:
 
 
 FAMILY_INPUTS = ("registration_record", "posteriors", "reading", "pilot_controls", "probe_controls", "model_manifest",
-                 "scores", "frame_bank", "matched_frames", "surprisal")
+                 "scores", "confirmatory_scores", "accounting", "frame_bank", "matched_frames", "surprisal")
 
 
 def _deps(names) -> list[dg.AssetDep]:
