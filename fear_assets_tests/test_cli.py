@@ -33,7 +33,7 @@ from fear_assets.registration import issue
 from fear_assets_tests.conftest import EMBEDDED
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBCOMMANDS = ("demo", "run", "status", "register", "cancel", "ui")
+SUBCOMMANDS = ("demo", "run", "status", "register", "cancel", "rehearse", "ui")
 EMBEDDED_CHECKPOINT_DIR = ROOT / "data" / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1"
 
 

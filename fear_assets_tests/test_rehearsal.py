@@ -140,3 +140,12 @@ def test_the_workspace_places_the_stand_ins_and_its_own_directories_through_the_
     assert REGISTERED_SETTINGS_PATH.read_bytes() == before
     env = rehearsal.environment()
     assert env["FEAR_ASSETS_SETTINGS"] == str(rehearsal.settings_path) and env["DAGSTER_HOME"] == str(rehearsal.root)
+
+
+def test_a_rehearsal_on_a_cpu_computes_its_stand_ins_in_float32_and_says_so(tmp_path, raw, settings):
+    """Only the rehearsed family's checkpoints change dtype, and the reason says it."""
+    rehearsal = _settings(tmp_path, rehearsal_settings(raw, GEMMA, 1, None, dtype="float32"))
+    family = settings.family(GEMMA)
+    changed = {name for name, entry in rehearsal.models.items() if entry.dtype != settings.models[name].dtype}
+    assert changed == {c for c in (family.tested, family.base, family.scorer, family.judge) if c}
+    assert "float32" in rehearsal.family(GEMMA).reduced_design.reason

@@ -45,12 +45,14 @@ class RehearsalError(FearAssetsError):
 @dataclass(frozen=True)
 class Rehearsal:
     """One rehearsal: the family, its confirmatory frames per fear, the depths kept (token
-    counts; None: every registered depth) and the workspace root."""
+    counts; None: every registered depth), the workspace root and the dtype the stand-ins
+    compute in (None: the registered one)."""
 
     family: str
     frames: int
     depths: tuple[int, ...] | None
     root: Path
+    dtype: str | None = None
 
     @property
     def settings_path(self) -> Path:
@@ -86,20 +88,24 @@ class Rehearsal:
 
 
 def reduction_reason(family: str, frames: int, registered_frames: int, depths: Sequence[int] | None,
-                     registered_depths: Sequence[int]) -> str:
+                     registered_depths: Sequence[int], dtype: str | None = None) -> str:
     """The sentence every output of the rehearsal carries (the reduced design's ``reason``)."""
     kept = ("every registered depth" if depths is None or list(depths) == list(registered_depths) else
             f"depths {', '.join(map(str, depths))} of the registered {', '.join(map(str, registered_depths))} tokens")
+    numerics = (f"; the stand-ins compute in {dtype} (a CPU emulates the registered bfloat16 several times "
+                "slower)" if dtype else "")
     return (f"REHEARSAL of {family} at its registered shape on random-weight stand-in models: every output is "
             f"meaningless as science. Reduced only in {frames} confirmatory frame(s) per fear (registered: "
             f"{registered_frames}), {kept}, and a reduced power simulation (one dataset per scenario, a short "
-            "sampler); every block, branch and reader of the registered design is scored.")
+            f"sampler){numerics}; every block, branch and reader of the registered design is scored.")
 
 
-def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[int] | None) -> dict:
+def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[int] | None,
+                       dtype: str | None = None) -> dict:
     """The registered settings mapping with ``family`` turned into its rehearsal: a
     ``reduced_design`` with ``rehearsal: true``, the confirmatory frames per fear, the reduced
-    power simulation and (``depths``) the depths kept. Pure; nothing else changes."""
+    power simulation, (``depths``) the depths kept and (``dtype``) the dtype its checkpoints
+    load in. Pure; nothing else changes."""
     families = dict(raw.get("families") or {})
     if family not in families:
         raise RehearsalError(f"family {family!r} is not registered (registered: {', '.join(families)}). "
@@ -120,14 +126,19 @@ def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[
     fears = list(raw["bank"]["fears"])
     lo, hi = raw["bank"]["frame_sets"]["confirmatory"]
     registered_frames = (hi - lo + 1)
+    models = {name: dict(entry) for name, entry in (raw.get("models") or {}).items()}
+    if dtype is not None:
+        for role in ("tested", "base", "scorer", "judge"):
+            if spec.get(role):
+                models[spec[role]]["dtype"] = dtype
     spec["reduced_design"] = {
-        "reason": reduction_reason(family, frames, registered_frames, depths, registered_depths),
+        "reason": reduction_reason(family, frames, registered_frames, depths, registered_depths, dtype),
         "confirmatory_frames_per_fear": int(frames),
         "rehearsal": True,
         "power": {**REHEARSAL_POWER, "frames": int(frames) * len(fears)},
     }
     families[family] = spec
-    return {**raw, "families": families}
+    return {**raw, "families": families, "models": models}
 
 
 def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directories: Mapping[str, Path],
@@ -140,7 +151,8 @@ def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directori
     raw = yaml.safe_load(Path(registered_settings).read_text(encoding="utf-8"))
     text = ("# A REHEARSAL's settings, written by `fear rehearse`: the registered file with one family's\n"
             "# reduced_design added. Not a registered file; do not edit.\n"
-            + yaml.safe_dump(rehearsal_settings(raw, rehearsal.family, rehearsal.frames, rehearsal.depths),
+            + yaml.safe_dump(rehearsal_settings(raw, rehearsal.family, rehearsal.frames, rehearsal.depths,
+                                                rehearsal.dtype),
                              sort_keys=False, allow_unicode=True, width=120))
     _write(rehearsal.settings_path, text)
     settings = load_settings(rehearsal.settings_path)
