@@ -154,9 +154,11 @@ def h5_fits(settings):
     primary = _fc_scores(6, "d2", "pilot_primary", seed_of(settings, "h5 primary"))
     removed = _fc_scores(6, "d2", "pilot_content_removed", seed_of(settings, "h5 removed")).assign(fc_choice=1)
     removed.loc[removed.index[::10], "fc_choice"] = 2
-    s = dict(draws=150, tune=150, chains=2)
-    fit = lambda rows: models.h5_pilot_estimates(rows, H5Priors.from_settings(settings), s["draws"], s["tune"],  # noqa: E731
-                                                 s["chains"], seed_of(settings, "h5 fit"))
+
+    def fit(rows: pd.DataFrame) -> models.H5Estimates:
+        return models.h5_pilot_estimates(rows, H5Priors.from_settings(settings), 150, 150, 2,
+                                         seed_of(settings, "h5 fit"))
+
     return {"without": fit(models.h5_pilot_rows(primary, "d2")),
             "with": fit(models.h5_pilot_rows(primary, "d2", removed))}
 
