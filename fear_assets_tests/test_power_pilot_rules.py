@@ -191,7 +191,8 @@ def test_the_pilot_fits_criterion_cells_and_dprime_correlations_reach_the_simula
     planted = dataclasses.replace(h5, criterion_intercept=0.2, position=0.0, criterion_frame_sd=0.0,
                                   criterion_cells=cells, dprime_frame_corr=tuple(map(tuple, corr)),
                                   dprime_frame_sd=(0.5,) * 6)
-    rows = _fc_scores(300, "d2", "x", 0).assign(chose_option1=False, option1_first=True, frame=lambda t: t["item_id"])
+    rows = _fc_scores(300, "d2", "x", seed_of(settings, "h5 design"))
+    rows = rows.assign(chose_option1=False, option1_first=True, frame=rows["item_id"])
     baseline = rows.assign(shown_option=0)
     sim = models.h5_table(baseline, CELLS, planted, 0.0, 1.5, np.random.default_rng(seed_of(settings, "h5 sim")))
     rate = sim.groupby(["agent", "content"])["chose_option1"].mean()
