@@ -10,7 +10,8 @@ scenario's size (D7: at 0.30, self 0.50, peer 0.20, person 0.20).
 
 Blocks of one dataset (D7; every analysis model the reading needs): primary Delta (H1-H3),
 recall Delta (gate b), service relevance (gate a), each the primary model on its own block
-with its own frame, unit and residual draws; the blocks of ``models`` (controls 2-4 in one
+with its own frame, unit and residual draws (the recall block at the pilot's recall fit, its
+own residual scale, where the pilot scored recall: ``gate_b_estimates``); the blocks of ``models`` (controls 2-4 in one
 joint fit with the matched primary cells, sharing the primary block's frame effects plus their own
 per-frame agent x content deviations, as the joint model has them; the
 addressee control on its own cells; gate (c)'s judge block; H4's probe log-odds; H5's forced
@@ -69,12 +70,16 @@ class PilotEstimates:
     h5: Mapping | None = None
     #: The judge's pilot residual SD (gate (c)'s judge scale); None: the tested model's.
     judge_sigma: float | None = None
+    #: Gate (b)'s pilot estimates: an ``as_dict`` of the registered primary model fitted on the
+    #: pilot's recall Delta (its own fixed effects, frame and unit SDs, sigma and nu); None: the
+    #: pilot scored no recall, and gate (b) is generated from the report fit (``gate_b_estimates``).
+    recall: Mapping | None = None
 
     def as_dict(self) -> dict:
         out = {"intercept": self.intercept, "beta": dict(self.beta), "frame_sd": list(self.frame_sd),
                "frame_corr": [list(r) for r in self.frame_corr], "unit_sd": self.unit_sd, "sigma": self.sigma,
                "nu": self.nu, "covariate_sd": list(self.covariate_sd), "controls": dict(self.controls)}
-        for key in ("h4", "h5", "judge_sigma"):  # absent keys keep earlier stored estimates byte-identical
+        for key in ("h4", "h5", "judge_sigma", "recall"):  # absent keys keep earlier stored estimates byte-identical
             if getattr(self, key) is not None:
                 out[key] = dict(getattr(self, key)) if key != "judge_sigma" else float(self.judge_sigma)
         return out
@@ -85,7 +90,16 @@ class PilotEstimates:
                    tuple(float(x) for x in d["frame_sd"]), tuple(tuple(float(x) for x in r) for r in d["frame_corr"]),
                    float(d["unit_sd"]), float(d["sigma"]), float(d["nu"]),
                    tuple(float(x) for x in d["covariate_sd"]), {k: float(v) for k, v in d["controls"].items()},
-                   d.get("h4"), d.get("h5"), None if d.get("judge_sigma") is None else float(d["judge_sigma"]))
+                   d.get("h4"), d.get("h5"), None if d.get("judge_sigma") is None else float(d["judge_sigma"]),
+                   d.get("recall"))
+
+
+def gate_b_estimates(est: PilotEstimates) -> PilotEstimates:
+    """The estimates gate (b)'s recall block is generated from (6.3: every parameter at its
+    pilot estimate): the pilot's recall fit (``est.recall``), with its own residual scale,
+    nu, frame and unit SDs and fixed effects; the report fit ``est`` itself where the pilot
+    scored no recall (``power_pilot_estimates`` says so)."""
+    return est if est.recall is None else PilotEstimates.from_dict(est.recall)
 
 
 def pilot_estimates(idata, data: PrimaryData, controls: Mapping[str, float]) -> PilotEstimates:

@@ -20,7 +20,9 @@ and contrast (no second copy of any model):
   tested model's H2 is the scenario's size and the judge's is zero, so the gate's
   standardised difference is size / sigma (the meaningful size 0.30/sigma at "meaningful",
   zero at "null"); fitted by ``gate_c.prepare_gate_c`` + the joint model, labelled by
-  ``gate_c_decision`` (ROPE sesoi / sigma). The judge's covariates are the tested design's
+  ``gate_c_decision`` (ROPE sesoi / sigma). The judge's raw outcome is on the judge's pilot
+  residual SD (``PilotEstimates.judge_sigma``, ``pilot_scales.pilot_judge_sigma``; the tested
+  model's where the pilot scored no judge block). The judge's covariates are the tested design's
   (its own surprisals do not exist for frames not yet written).
 - H4 (6.1): the primary model on probe log-odds, both content versions of each document as
   two rows with an option term and a document intercept (``prepare(..., document=...)``), at

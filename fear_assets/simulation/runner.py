@@ -44,6 +44,7 @@ from fear_assets.simulation.generator import (
     PRIMARY_MODEL_BLOCKS,
     PilotEstimates,
     block_effects,
+    gate_b_estimates,
     scenario_size,
     simulate_block,
     true_beta,
@@ -172,12 +173,14 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
             continue
         rng = rng_of(block)
         if block in ("primary", "recall", "service_relevance"):
-            beta = true_beta(est, d0, band, block_effects(block, size, est.controls)[0])
+            # Gate (b) at the pilot's recall fit (its own residual scale), the others at the report fit.
+            gen = gate_b_estimates(est) if block == "recall" else est
+            beta = true_beta(gen, d0, band, block_effects(block, size, est.controls)[0])
             if block == "primary":
                 d, frames = models.shared_primary(design, est, beta, rules.inflation, rng)
                 primary = d
             else:
-                d = simulate_block(d0, est, beta, 0.0, rules.inflation, rng)
+                d = simulate_block(d0, gen, beta, 0.0, rules.inflation, rng)
             idata = fitter.fit(d, seed_of(block))
             chains = int(idata.posterior.sizes["chain"])
             h = hypotheses(cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band))

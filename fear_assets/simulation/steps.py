@@ -28,6 +28,7 @@ from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import NOT_SIMULATED, PRIMARY_MODEL_BLOCKS, PilotEstimates, pilot_estimates
 from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
+from fear_assets.simulation.pilot_scales import judge_note, pilot_judge_sigma, recall_pilot_fit
 from fear_assets.simulation.runner import Rules, run_batch
 from fear_assets.simulation.sampling import frame_forms_record
 from fear_assets.simulation.setup import fitter_for, run_key
@@ -44,6 +45,9 @@ class PilotEstimatesResult:
     pilot_trials: int
     estimates: PilotEstimates
     controls: dict[str, float]
+    #: Where gate (b)'s and gate (c)'s judge scales come from (the pilot's, or the stated fallback).
+    gate_b_source: str = ""
+    judge_source: str = ""
 
 
 def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, assignment_key: pd.DataFrame,
@@ -51,9 +55,9 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
                           pilot_controls: pd.DataFrame, pilot_probe_outputs: pd.DataFrame) -> PilotEstimatesResult:
     """6.3: the pilot estimates the simulation generates from: posterior means of the registered
     primary model on the pilot frames (the demo family: with the demo's shorter sampler), the
-    spread of the two surprisal covariates, the pilot contrasts of the positive controls, and
-    (a registered family) H4's model on the pilot probe and H5's probit on the pilot's forced
-    choices."""
+    spread of the two surprisal covariates, the pilot contrasts of the positive controls, gate
+    (b)'s recall fit and the judge's residual SD (``pilot_scales``), and (a registered family)
+    H4's model on the pilot probe and H5's probit on the pilot's forced choices."""
     settings, family_key = view.settings, view.family.key
     band = stored_band(pilot_depths).keys
     rows = pilot_scores[pilot_scores["block"] == "pilot_primary"]
@@ -63,7 +67,12 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
     fit = fit_cells(fitter_for(settings, family_key), table, settings.fears, band,
                     view.seed("power_pilot_estimates", family_key), "pilot_primary")
     controls = {str(r.control): (0.0 if pd.isna(r.mean) else float(r.mean)) for r in pilot_controls.itertuples()}
-    est = pilot_estimates(fit.idata, fit.data, controls)
+    # Gate (b) and gate (c)'s judge at their own pilot scales (6.3), each with its stated fallback.
+    recall = recall_pilot_fit(fitter_for(settings, family_key), table, settings.fears, band,
+                              view.seed("power_pilot_recall", family_key))
+    judge_sigma = pilot_judge_sigma(pilot_controls)
+    est = dataclasses.replace(pilot_estimates(fit.idata, fit.data, controls), recall=recall.estimates,
+                              judge_sigma=judge_sigma)
     if not view.embedded:  # H4's and H5's models at the pilot (the demo fits neither)
         s = view.power_sampler
         removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
@@ -78,8 +87,10 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
                           int(s.chains), view.seed("power_pilot_h4", family_key))
         est = dataclasses.replace(est, h4=h4, h5=h5.as_dict())
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
-                         "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"]}])
-    return PilotEstimatesResult(out, tuple(band), len(table), est, controls)
+                         "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"],
+                         "recall_trials": recall.trials, "recall_max_rhat": recall.max_rhat,
+                         "gate_b_source": recall.note, "judge_source": judge_note(judge_sigma)}])
+    return PilotEstimatesResult(out, tuple(band), len(table), est, controls, recall.note, judge_note(judge_sigma))
 
 
 @dataclass(frozen=True)

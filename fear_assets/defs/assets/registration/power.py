@@ -35,7 +35,8 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     """6.3: the pilot estimates the simulation generates from: posterior means of the registered
     primary model (the demo family: with the demo's shorter sampler) on the pilot frames (fixed effects, frame and unit variance components,
     residual scale, nu), the spread of the two surprisal covariates, the pilot contrasts
-    of the positive controls, and (a registered family) H4's model on the pilot probe and H5's
+    of the positive controls, gate (b)'s recall fit and the judge's residual SD (each with its
+    own scale, or a stated fallback), and (a registered family) H4's model on the pilot probe and H5's
     probit on the pilot's forced choices."""
 
     family_key = context.partition_key
@@ -46,7 +47,8 @@ def power_pilot_estimates(context: dg.AssetExecutionContext, protocol: ProtocolR
     return dg.Output(r.table, metadata=named_metadata(context, {
         "band": ", ".join(r.band), "pilot trials": r.pilot_trials, "sigma": number(est.sigma),
         "unit sd": number(est.unit_sd), "frame sds": ", ".join(number(x) for x in est.frame_sd),
-        "controls (pilot means)": "; ".join(f"{k} {number(v)}" for k, v in r.controls.items()) or "none"}))
+        "controls (pilot means)": "; ".join(f"{k} {number(v)}" for k, v in r.controls.items()) or "none",
+        "gate (b) generated from": r.gate_b_source, "gate (c) judge scale": r.judge_source}))
 
 
 #: A target's verdict as a word (None: its component was not simulated).
