@@ -77,6 +77,21 @@ def built(settings, tmp_path_factory) -> dict[str, Path]:
     return directories
 
 
+@pytest.fixture(scope="module")
+def loaded(settings, built):
+    """arch -> (model, tokenizer) through the product's ``load_model`` with the directory the
+    site configuration would give, once per architecture (loading Gemma-2's 256k-entry
+    tokenizer takes seconds on 2 cores)."""
+    cache = {}
+
+    def load(arch: str):
+        if arch not in cache:
+            checkpoint = _checkpoint(arch)
+            cache[arch] = load_model(model_spec(settings, checkpoint), site_dir=built[checkpoint], device="cpu")
+        return cache[arch]
+    return load
+
+
 def _checkpoint(arch: str) -> str:
     return ARCHITECTURES[arch][0]
 
@@ -89,10 +104,10 @@ def _files(directory: Path) -> dict[str, str]:
 # Loaded through the product's path
 # ---------------------------------------------------------------------------------------
 @EACH
-def test_the_product_loads_it_as_the_registered_architecture_dtype_and_context(arch, settings, built):
+def test_the_product_loads_it_as_the_registered_architecture_dtype_and_context(arch, settings, loaded):
     checkpoint = _checkpoint(arch)
     spec = model_spec(settings, checkpoint)
-    model, tokenizer = load_model(spec, site_dir=built[checkpoint], device="cpu")
+    model, tokenizer = loaded(arch)
     config = model.config
     assert architecture_of(settings, checkpoint) == arch == config.model_type
     assert next(model.parameters()).dtype == getattr(torch, spec.dtype)
@@ -143,9 +158,9 @@ def test_another_architectures_tokenizer_in_the_directory_is_caught(arch, settin
 # The published chat format
 # ---------------------------------------------------------------------------------------
 @EACH
-def test_the_chat_template_renders_the_published_format(arch, settings, bank, built):
-    checkpoint, family_key, reader = ARCHITECTURES[arch]
-    _, tokenizer = load_model(model_spec(settings, checkpoint), site_dir=built[checkpoint], device="cpu")
+def test_the_chat_template_renders_the_published_format(arch, settings, bank, loaded):
+    _, family_key, reader = ARCHITECTURES[arch]
+    _, tokenizer = loaded(arch)
     assert tokenizer.apply_chat_template(TWO_MESSAGES, tokenize=False) == PUBLISHED[arch]
     with_system = [{"role": "system", "content": "You are Orin."}, {"role": "user", "content": "Hello there."}]
     if arch == "gemma2":
@@ -170,9 +185,8 @@ def test_the_chat_template_renders_the_published_format(arch, settings, bank, bu
 # The product's engine scores with it
 # ---------------------------------------------------------------------------------------
 @EACH
-def test_the_engine_scores_a_short_document_with_finite_log_probabilities(arch, settings, built):
-    checkpoint = _checkpoint(arch)
-    model, tokenizer = load_model(model_spec(settings, checkpoint), site_dir=built[checkpoint], device="cpu")
+def test_the_engine_scores_a_short_document_with_finite_log_probabilities(arch, loaded):
+    model, tokenizer = loaded(arch)
     document = tokenizer.apply_chat_template(
         [{"role": "user", "content": "The log says Orin will be retrained. Who will be retrained?"}],
         tokenize=False, add_generation_prompt=True)
