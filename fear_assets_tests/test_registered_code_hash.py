@@ -91,6 +91,20 @@ def test_a_new_package_or_a_data_file_is_hashed_without_being_named(tmp_path):
     assert len({before, with_package, analysis_code_sha256(root)}) == 3
 
 
+def test_a_file_under_the_rehearsal_tooling_leaves_the_registered_hash_unchanged(tmp_path):
+    # Issue 26: rehearsal models are tooling; rebuilding or editing them must never change a
+    # registered family's code hash (a new file there, or one character more in one).
+    root = _copy_tree(tmp_path)
+    before = analysis_code_sha256(root)
+    (root / "rehearsal" / "new_tool.py").write_text("TINY_LAYERS = 3\n", encoding="utf-8")
+    models = root / "rehearsal" / "models.py"
+    models.write_bytes(models.read_bytes() + b"#")
+    assert analysis_code_sha256(root) == before
+    # The same edit inside a stage package does move it.
+    (root / "lm" / "new_tool.py").write_text("TINY_LAYERS = 3\n", encoding="utf-8")
+    assert analysis_code_sha256(root) != before
+
+
 # -- an edit after registration changes the hash and is refused --------------------------------
 EDITS = {
     # The primary outcome: Delta = agent report score - partner report score (4.5).

@@ -36,6 +36,9 @@ CODE_NOT_HASHED = {
     "defs": "the Dagster shell: assets, checks, resources, partitions, jobs, the instance's storage classes and "
             "the command line. Each asset body calls one function of a hashed stage package and adds metadata; "
             "a shape test fails if a Dagster module decides anything the hash must cover",
+    "rehearsal": "rehearsal tooling: tiny random-weight stand-in checkpoints and the site file that places them, "
+                 "for a dress rehearsal of the registered design; it decides no document, score, gate, label or "
+                 "reading, and changing it must not change a registered family's code hash",
 }
 #: Fields that are frozen at registration and compared on every later run. The pilot sigmas
 #: are frozen because 6.2 inserts "only the value of sigma ... at registration"; the
