@@ -21,10 +21,10 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.settings import DATA_DIR, DEFAULT_CACHE_DIR, PROJECT_ROOT, SETTINGS_ENV, load_settings
 from fear_assets.core.site import SITE_ENV
 from fear_assets.registration.freeze import freeze_record, write_record
+from fear_assets.rehearsal.models import RehearsalError
 from fear_assets.stimuli.bank import load_bank
 
 #: The reduced power simulation of a rehearsal: every simulated model once per scenario, on a
@@ -36,10 +36,6 @@ REHEARSAL_POWER = {"datasets": 1, "scenarios": ["meaningful", "null"],
                               "judge", "probe", "forced_choice"]}
 #: Where the rehearsals live by default (one directory per family and shape).
 DEFAULT_ROOT = DATA_DIR / "rehearsal"
-
-
-class RehearsalError(FearAssetsError):
-    """A rehearsal cannot be set up as asked (names the argument and the fix)."""
 
 
 @dataclass(frozen=True)

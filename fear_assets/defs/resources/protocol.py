@@ -59,8 +59,10 @@ class ProtocolResource(dg.ConfigurableResource):
         return family_mode(self.registration_dir, family_key)
 
     def rehearsal(self, family_key: str) -> bool:
-        """Whether the family is a rehearsal (its gates never block: ``registration.issue.gate_blocks``)."""
-        return registered(self.settings(), family_key).rehearsal
+        """Whether the family is a rehearsal (its gates never block: ``registration.issue.gate_blocks``);
+        a family the settings do not name is not."""
+        family = self.settings().families.get(family_key)
+        return bool(family is not None and family.reduced_design is not None and family.reduced_design.rehearsal)
 
     def view(self, family_key: str) -> Registered:
         """The family's registered view in its own mode. A registered family whose settings,
