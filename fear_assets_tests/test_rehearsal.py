@@ -149,3 +149,30 @@ def test_a_rehearsal_on_a_cpu_computes_its_stand_ins_in_float32_and_says_so(tmp_
     changed = {name for name, entry in rehearsal.models.items() if entry.dtype != settings.models[name].dtype}
     assert changed == {c for c in (family.tested, family.base, family.scorer, family.judge) if c}
     assert "float32" in rehearsal.family(GEMMA).reduced_design.reason
+
+
+# -- defects the first rehearsal found, each fixed in the product ------------------------------
+def test_the_foreign_judges_sentence_surprisal_needs_only_the_judges_tokenizer(settings, bank, smol_tokenizer):
+    """4.3 / 4.8: gate (c)'s judge covariates are the foreign judge's own surprisals of the
+    candidate frames. The demo never ran this (its judge is the tested model and scores no
+    judge block); the rehearsal stopped here because the document builder demanded the
+    tested tokenizer, which a judge-only builder does not hold and a sentence never needs."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from fear_assets.core.errors import DesignError
+    from fear_assets.design.documents import DocumentBuilder
+    from fear_assets.lm.engine import TeacherForcedEngine
+    from fear_assets.pilot.surprisal import sentence_surprisal
+
+    torch.manual_seed(settings.master_seed)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=len(smol_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)).eval()
+    names = settings.names[:5]
+    builder = DocumentBuilder(settings, bank, PRIMARY, names, {"judge": smol_tokenizer})
+    items = [bank.item(i) for i in ("TER-01", "UNC-01")]
+    table = sentence_surprisal(TeacherForcedEngine(model), smol_tokenizer, builder, items, reader="judge")
+    assert len(table) and table["rest_nll"].notna().all() and set(table["item_id"]) == {"TER-01", "UNC-01"}
+    with pytest.raises(DesignError, match="no tokenizer for reader 'tested'"):
+        builder.distractor("TER-01", 1, 2)

@@ -112,15 +112,15 @@ class DocumentBuilder:
     def __post_init__(self) -> None:
         self.family = self.settings.family(self.family_key)
         self.templates = self.bank.templates
-        if "tested" not in self.tokenizers:
-            raise DesignError("the document builder needs at least the tested model's tokenizer")
 
     # -- parts ----------------------------------------------------------------------------
     def distractor(self, item_id: str, rotation: int, depth_index: int) -> str:
         key = (item_id, rotation, depth_index)
         if key not in self._distractors:
             seed = derived_seed(self.settings.master_seed, "distractor", item_id, rotation, depth_index)
-            self._distractors[key] = build_distractor(self.tokenizers["tested"], self.templates,
+            # Distractors are cut in the tested tokenizer (a builder for one foreign reader's
+            # sentences, the judge's surprisal, never asks for one).
+            self._distractors[key] = build_distractor(self._tokenizer("tested"), self.templates,
                                                       self.family.tokens_at(depth_index), seed)
         return self._distractors[key]
 
