@@ -1,4 +1,4 @@
-"""Rehearsal models (issue 26, item 1): "for each registered architecture (Qwen2 for
+"""Rehearsal models: "for each registered architecture (Qwen2 for
 qwen2.5-7b, Llama for llama-3.1-8b and the scorer, Gemma-2 with its alternating sliding
 window and soft-capping, Mistral for the judge), a tiny random-weight model built with
 transformers from a small config of the same model type, with the family's REGISTERED

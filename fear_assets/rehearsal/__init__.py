@@ -1,4 +1,4 @@
-"""Rehearsal tooling (issue 26): what a dress rehearsal of a registered family runs on.
+"""Rehearsal tooling: what a dress rehearsal of a registered family runs on.
 
 Not science and not under the registered code hash (``registration.record.CODE_NOT_HASHED``):
 nothing here decides a document, a score, a gate, a label or a reading. It builds tiny

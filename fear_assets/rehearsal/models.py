@@ -1,4 +1,4 @@
-"""Rehearsal models (issue 26, item 1): tiny random-weight checkpoints of the registered
+"""Rehearsal models: tiny random-weight checkpoints of the registered
 architectures, placed through the site configuration exactly as real weights are.
 
 For each registered checkpoint of a family this writes one transformers directory:
