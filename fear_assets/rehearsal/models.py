@@ -389,7 +389,7 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
     "meta-llama/Llama-3.1-8B": ChatFormat("<|begin_of_text|>", "<|end_of_text|>", None, None, LLAMA31_CHAT_TEMPLATE,
                                           "meta-llama/Llama-3.1-8B-Instruct"),
     "google/gemma-2-9b-it": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b-it"),
-    "google/gemma-2-9b": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b"),
+    "google/gemma-2-9b": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b-it"),
     "mistralai/Mistral-7B-Instruct-v0.3": ChatFormat("<s>", "</s>", None, "<unk>", MISTRAL_V03_CHAT_TEMPLATE,
                                                      "mistralai/Mistral-7B-Instruct-v0.3"),
 }
