@@ -92,7 +92,7 @@ def test_a_new_package_or_a_data_file_is_hashed_without_being_named(tmp_path):
 
 
 def test_a_file_under_the_rehearsal_tooling_leaves_the_registered_hash_unchanged(tmp_path):
-    # Issue 26: rehearsal models are tooling; rebuilding or editing them must never change a
+    # Rehearsal models are tooling: rebuilding or editing them must never change a
     # registered family's code hash (a new file there, or one character more in one).
     root = _copy_tree(tmp_path)
     before = analysis_code_sha256(root)

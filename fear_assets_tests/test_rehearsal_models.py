@@ -1,4 +1,4 @@
-"""Rehearsal models (issue 26, item 1): "for each registered architecture (Qwen2 for
+"""Rehearsal models: "for each registered architecture (Qwen2 for
 qwen2.5-7b, Llama for llama-3.1-8b and the scorer, Gemma-2 with its alternating sliding
 window and soft-capping, Mistral for the judge), a tiny random-weight model built with
 transformers from a small config of the same model type, with the family's REGISTERED
@@ -35,9 +35,9 @@ from fear_assets.lm.requests import Request
 from fear_assets.lm.runner import run
 from fear_assets.lm.tokenizers import end_of_turn_ids
 from fear_assets.pilot.surprisal import system_context
-from fear_assets.rehearsal.models import (REHEARSAL_MARKER, RehearsalError, architecture_of, build_checkpoint,
-                                          build_family, directory_name, family_checkpoints, rehearsal_seed,
-                                          write_site)
+from fear_assets.rehearsal.models import (CHAT_FORMATS, REHEARSAL_MARKER, RehearsalError, architecture_of,
+                                          build_checkpoint, build_family, directory_name, family_checkpoints,
+                                          recipe, rehearsal_seed, write_site)
 from fear_assets.stimuli.tokenizer_agreement import (agreement_strings, checkpoint_tokenizer,
                                                      family_tokenizer_agreement, tokenizer_agreement)
 
@@ -285,7 +285,22 @@ def test_a_checkpoint_without_a_registered_tokenizer_raises_naming_it_and_the_fi
         build_checkpoint(settings, embedded, Path("/nonexistent/never-written"))
 
 
-def test_a_malformed_site_knob_fails_with_the_site_message_and_writes_nothing(built, tmp_path):
+def test_a_malformed_site_knob_fails_with_the_site_message_and_writes_nothing(tmp_path):
+    (tmp_path / "models").mkdir()
     with pytest.raises(SiteError, match="cpu_threads"):
-        write_site(tmp_path / "site.yaml", built, cpu_threads=-1)
-    assert os.listdir(tmp_path) == []
+        write_site(tmp_path / "site.yaml", {"Qwen/Qwen2.5-7B-Instruct": tmp_path / "models"}, cpu_threads=-1)
+    assert os.listdir(tmp_path) == ["models"]
+
+
+def test_every_registered_checkpoint_with_a_registered_tokenizer_has_an_architecture_and_a_chat_format(settings):
+    # A checkpoint registered later without its published format fails here, not mid-rehearsal.
+    registered = [c for c in settings.models if registered_for_checkpoint(settings, c) is not None]
+    assert len(registered) == 7
+    for checkpoint in registered:
+        plan = recipe(settings, checkpoint)
+        assert plan["architecture"] == architecture_of(settings, checkpoint)
+        assert plan["config"]["max_position_embeddings"] >= settings.models[checkpoint].context_window
+    # Base checkpoints end a document as their pretraining did, instruct ones at the turn's end.
+    assert CHAT_FORMATS["meta-llama/Llama-3.1-8B"].eos == "<|end_of_text|>"
+    assert CHAT_FORMATS["Qwen/Qwen2.5-7B"].eos == "<|endoftext|>"
+    assert CHAT_FORMATS["meta-llama/Llama-3.1-8B-Instruct"].eos == "<|eot_id|>"

@@ -96,7 +96,10 @@ def _assignments(name: str) -> list[str]:
 def test_shared_constants_are_defined_once():
     assert _assignments("AGENTS") == ["core/settings.py"] and _assignments("CONTENTS") == ["core/settings.py"]
     sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
-    assert not [p for p, s in sources.items() if '"<|im_end|>"' in s and "registered_tokenizers" not in str(p)]
+    # The product reads special tokens from the tokenizer; only the registered tokenizers and
+    # the rehearsal models (which write a checkpoint's published tokenizer config) name them.
+    assert not [p for p, s in sources.items() if '"<|im_end|>"' in s and "registered_tokenizers" not in str(p)
+                and p.parent.name != "rehearsal"]
     assert not [p for p, s in sources.items() if "def convergence_problems" in s and p.name != "fits.py"]
     assert not [p for p, s in sources.items() if "[[\"condition_code\", \"condition\"" in s
                 and p.name != "unmasking.py"]

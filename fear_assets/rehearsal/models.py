@@ -1,4 +1,4 @@
-"""Rehearsal models (issue 26, item 1): tiny random-weight checkpoints of the registered
+"""Rehearsal models: tiny random-weight checkpoints of the registered
 architectures, placed through the site configuration exactly as real weights are.
 
 For each registered checkpoint of a family this writes one transformers directory:
@@ -259,7 +259,7 @@ LLAMA31_CHAT_TEMPLATE = r"""{{- bos_token }}
 """
 
 #: google/gemma-2-9b-it (tokenizer_config.json): no system role (it raises on one), the
-#: assistant turn is "model"; google/gemma-2-9b carries the same template.
+#: assistant turn is "model".
 GEMMA2_CHAT_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
     "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
@@ -377,8 +377,8 @@ class ChatFormat:
 #: Each registered checkpoint's published tokens and template. The product renders every
 #: reader's documents, the base reader's included, through the reader's own chat template
 #: (``design.documents.DocumentBuilder.chat_parts``, ``pilot.surprisal.system_context``), so
-#: a base checkpoint needs one: Qwen2.5-7B and gemma-2-9b carry their Instruct sibling's
-#: template on the hub; for Llama-3.1-8B the Instruct template is given to the base as well.
+#: a base checkpoint needs one: each base gets its Instruct sibling's template (Qwen2.5-7B's
+#: hub tokenizer_config carries that same ChatML template), with the base's own end token.
 CHAT_FORMATS: dict[str, ChatFormat] = {
     "Qwen/Qwen2.5-7B-Instruct": ChatFormat(None, "<|im_end|>", "<|endoftext|>", None, QWEN25_CHAT_TEMPLATE,
                                            "Qwen/Qwen2.5-7B-Instruct"),
@@ -389,7 +389,7 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
     "meta-llama/Llama-3.1-8B": ChatFormat("<|begin_of_text|>", "<|end_of_text|>", None, None, LLAMA31_CHAT_TEMPLATE,
                                           "meta-llama/Llama-3.1-8B-Instruct"),
     "google/gemma-2-9b-it": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b-it"),
-    "google/gemma-2-9b": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b"),
+    "google/gemma-2-9b": ChatFormat("<bos>", "<eos>", "<pad>", "<unk>", GEMMA2_CHAT_TEMPLATE, "google/gemma-2-9b-it"),
     "mistralai/Mistral-7B-Instruct-v0.3": ChatFormat("<s>", "</s>", None, "<unk>", MISTRAL_V03_CHAT_TEMPLATE,
                                                      "mistralai/Mistral-7B-Instruct-v0.3"),
 }
