@@ -176,3 +176,25 @@ def test_the_foreign_judges_sentence_surprisal_needs_only_the_judges_tokenizer(s
     assert len(table) and table["rest_nll"].notna().all() and set(table["item_id"]) == {"TER-01", "UNC-01"}
     with pytest.raises(DesignError, match="no tokenizer for reader 'tested'"):
         builder.distractor("TER-01", 1, 2)
+
+
+def test_documents_are_rendered_with_the_tokenizer_of_the_checkpoint_the_site_places(tmp_path, settings,
+                                                                                      smol_tokenizer):
+    """4.1: a lab places its weights at its own paths (site configuration ``checkpoints``). The
+    trial table rendered its documents with a tokenizer looked up by the hub name only, so a
+    registered family whose weights sit at a lab path (or a rehearsal's stand-ins) could not
+    build a trial table. Now the site's directory is the tokenizer's too."""
+    from fear_assets.core.errors import DesignError
+    from fear_assets.lm.tokenizers import family_tokenizers
+
+    family = settings.family(PRIMARY)
+    placed = {}
+    for checkpoint in {family.tested, family.base, family.judge}:
+        directory = tmp_path / checkpoint.replace("/", "--")
+        smol_tokenizer.save_pretrained(directory)
+        placed[checkpoint] = directory
+    with pytest.raises(DesignError, match="not available offline"):
+        family_tokenizers(settings, family, tmp_path / "cache")
+    tokenizers = family_tokenizers(settings, family, tmp_path / "cache", placed)
+    assert set(tokenizers) == {"tested", "base", "judge"}
+    assert tokenizers["tested"].encode("Orin reads.") == smol_tokenizer.encode("Orin reads.")

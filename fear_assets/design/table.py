@@ -121,11 +121,13 @@ def stage_blocks(settings: ProtocolSettings, pilot: bool) -> list[str]:
 
 def render_trial_table(frame_bank: pd.DataFrame, name_gate: pd.DataFrame, bank: Bank, view: Registered,
                        cache_dir: Path | str, depth: str, pilot: bool,
-                       replacements: Mapping[str, str]) -> TrialTableResult:
+                       replacements: Mapping[str, str],
+                       directories: Mapping[str, Path] | None = None) -> TrialTableResult:
     """Render one family x depth of the masked trial table for the pilot or the confirmatory
     blocks (4.4, D2), with the frame replacements a registered record makes (4.3), on the
     selected names. Refuses a stored bank other than the one on disk, and, for a registered
-    family (confirmatory mode), a failed name gate (:class:`NameGateBlocks`)."""
+    family (confirmatory mode), a failed name gate (:class:`NameGateBlocks`). ``directories``:
+    where this host places each checkpoint (its tokenizer renders the documents)."""
     settings, family, family_key = view.settings, view.family, view.family.key
     stored = set(frame_bank["bank_sha256"])
     if stored != {bank.sha256}:
@@ -133,7 +135,7 @@ def render_trial_table(frame_bank: pd.DataFrame, name_gate: pd.DataFrame, bank: 
                           f"{bank.sha256}: re-materialise frame_bank first")
     index = family.depth_index(depth)
     started = time.perf_counter()
-    tokenizers = family_tokenizers(settings, family, cache_dir)
+    tokenizers = family_tokenizers(settings, family, cache_dir, directories)
     names = selected_names(name_gate)
     gate_passed = bool(name_gate["gate_passed"].iloc[0])
     if not gate_passed and view.confirmatory and not view.rehearsal:

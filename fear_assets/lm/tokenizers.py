@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Mapping
 
 from fear_assets.core.errors import DesignError
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, Family, ProtocolSettings
@@ -31,10 +32,14 @@ def gguf_location(checkpoint: str) -> tuple[Path, str]:
     return directory, filename
 
 
-def load_tokenizer(checkpoint: str, cache_dir: Path = DEFAULT_CACHE_DIR):
-    """Load one tokenizer offline (local directory, HF cache, or packaged GGUF)."""
+def load_tokenizer(checkpoint: str, cache_dir: Path = DEFAULT_CACHE_DIR, directory: Path | None = None):
+    """Load one tokenizer offline: from ``directory`` (where the site configuration places the
+    checkpoint, the same files ``lm.models.load_model`` loads), else the packaged GGUF, a
+    directory named by the checkpoint or the HF cache."""
     from transformers import AutoTokenizer
 
+    if directory is not None:
+        return AutoTokenizer.from_pretrained(Path(directory), local_files_only=True)
     if checkpoint.startswith(GGUF_PACKAGE_PREFIX):
         cached = Path(cache_dir) / "tokenizers" / checkpoint[len(GGUF_PACKAGE_PREFIX):].replace(".gguf", "")
         if (cached / "tokenizer_config.json").is_file():
@@ -53,8 +58,12 @@ def load_tokenizer(checkpoint: str, cache_dir: Path = DEFAULT_CACHE_DIR):
         ) from exc
 
 
-def family_tokenizers(settings: ProtocolSettings, family: Family, cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
-    """reader -> tokenizer for one configuration (the same object where checkpoints coincide)."""
+def family_tokenizers(settings: ProtocolSettings, family: Family, cache_dir: Path = DEFAULT_CACHE_DIR,
+                      directories: Mapping[str, Path] | None = None) -> dict:
+    """reader -> tokenizer for one configuration (the same object where checkpoints coincide);
+    ``directories``: checkpoint -> where this host places it (the site configuration's
+    ``checkpoints``), so documents are rendered with the tokenizer of the files that score them."""
+    directories = directories or {}
     by_checkpoint: dict[str, object] = {}
     readers = {"tested": family.tested, "judge": family.judge}
     if family.base:
@@ -62,7 +71,7 @@ def family_tokenizers(settings: ProtocolSettings, family: Family, cache_dir: Pat
     out = {}
     for reader, checkpoint in readers.items():
         if checkpoint not in by_checkpoint:
-            by_checkpoint[checkpoint] = load_tokenizer(checkpoint, cache_dir)
+            by_checkpoint[checkpoint] = load_tokenizer(checkpoint, cache_dir, directories.get(checkpoint))
         out[reader] = by_checkpoint[checkpoint]
     return out
 

@@ -29,7 +29,8 @@ def _record(registration_record: pd.DataFrame) -> dict:
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb", output_required=False,
           kinds={"duckdb", "python"}, ins={"name_gate": OF_FAMILY, "registration_record": OF_FAMILY})
-def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource, frame_bank: pd.DataFrame,
+def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                             language_model: LanguageModelResource, frame_bank: pd.DataFrame,
                              name_gate: pd.DataFrame, registration_record: pd.DataFrame):
     """The masked trial table of the confirmatory blocks of one family x depth (protocol 4.4,
     D2), built after registration (Appendix C step 5) from the registered record: the frames
@@ -39,7 +40,7 @@ def confirmatory_trial_table(context: dg.AssetExecutionContext, protocol: Protoc
     table and everything downstream stale."""
     family_key, depth = partition_parts(context)
     yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, False,
-                             replacements_of(_record(registration_record)))
+                             replacements_of(_record(registration_record)), language_model)
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="gpu", output_required=False,

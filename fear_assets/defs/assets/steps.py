@@ -54,7 +54,7 @@ def score_table(context, protocol, language_model, table: pd.DataFrame, family_k
     parts, all_features, offset, resumed = [], [], 0, {}
     # One builder for every reader: the distractors are cut in the tested tokenizer once.
     builder = DocumentBuilder(settings, bank, family_key, names,
-                              family_tokenizers(settings, family, Path(protocol.cache_dir)))
+                              family_tokenizers(settings, family, Path(protocol.cache_dir), language_model.directories()))
     for reader, rows in table.groupby("reader", sort=False):
         spec = specs["base" if reader == "base" else reader]
         # The checkpoint's files against the stored manifest before anything is scored (4.1, D6).
@@ -149,12 +149,13 @@ def not_applicable_output(context, settings, family_key: str, depth: str, band=N
 
 
 def trial_table_output(context, protocol, frame_bank: pd.DataFrame, name_gate: pd.DataFrame, family_key: str,
-                       depth: str, pilot: bool, replacements: dict[str, str]) -> dg.Output:
+                       depth: str, pilot: bool, replacements: dict[str, str], language_model=None) -> dg.Output:
     """One family x depth of the masked trial table (``design.table.render_trial_table``) with
     the metadata a reader checks it by; a failed name gate in confirmatory mode fails the run."""
     try:
         result = render_trial_table(frame_bank, name_gate, protocol.bank(), protocol.view(family_key),
-                                    protocol.cache_dir, depth, pilot, replacements)
+                                    protocol.cache_dir, depth, pilot, replacements,
+                                    language_model.directories() if language_model is not None else None)
     except NameGateBlocks as exc:
         raise dg.Failure(description=str(exc)) from exc
     table = result.table

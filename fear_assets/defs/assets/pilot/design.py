@@ -7,13 +7,14 @@ from fear_assets.defs.assets.steps import trial_table_output
 from fear_assets.design.masking import assignment_key as make_key
 from fear_assets.defs.partitions import FAMILY_DEPTH_EXPR, family_depth_partitions, family_of_partition, partition_parts
 from fear_assets.defs.modes import named_metadata
+from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.defs.resources.protocol import ProtocolResource
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb", output_required=False,
           kinds={"duckdb", "python"}, ins={"name_gate": dg.AssetIn(partition_mapping=family_of_partition)})
-def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource, frame_bank: pd.DataFrame,
-                      name_gate: pd.DataFrame):
+def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResource,
+                      language_model: LanguageModelResource, frame_bank: pd.DataFrame, name_gate: pd.DataFrame):
     """The masked trial table of the pilot blocks of one family x depth (protocol 4.4, D2):
     "one row per trial of every registered block, naming its block, frame, fear, unit,
     rotation, pair order, depth, content option and masked condition code", here for the
@@ -22,7 +23,7 @@ def pilot_trial_table(context: dg.AssetExecutionContext, protocol: ProtocolResou
     distractor is cut to exactly the depth's token count and shared by the six cells of a
     unit. The confirmatory blocks are ``confirmatory_trial_table`` (stage collection)."""
     family_key, depth = partition_parts(context)
-    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, True, {})
+    yield trial_table_output(context, protocol, frame_bank, name_gate, family_key, depth, True, {}, language_model)
 
 
 @dg.asset(partitions_def=family_depth_partitions, metadata=FAMILY_DEPTH_EXPR, pool="duckdb", output_required=False,
