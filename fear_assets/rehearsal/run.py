@@ -119,6 +119,43 @@ def exclusions_by_cell(duckdb_path: Path, family: str) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
+def verified(rehearsal: Rehearsal) -> dict[str, dict]:
+    """What a finished rehearsal must show, each a check that can fail: (1) every confirmatory
+    block of the accounting has scored rows in ``confirmatory_scores`` at every depth it
+    applies to; (2) the analysis fitted the confirmatory rows, not the pilot's; (3) the Stage 2
+    report lists every block and says REHEARSAL."""
+    settings = load_settings(rehearsal.settings_path)
+    family = rehearsal.family
+    out: dict[str, dict] = {}
+    with duckdb.connect(str(rehearsal.duckdb_path), read_only=True) as con:
+        def rows(sql: str) -> pd.DataFrame:
+            try:
+                return con.execute(sql, [family]).df()
+            except duckdb.CatalogException:  # not materialised
+                return pd.DataFrame()
+        expected = rows(f"select block, expected_rows from {SCHEMA}.trial_accounting where family = ?")
+        scored = rows(f"select block, count(*) as n from {SCHEMA}.confirmatory_scores where family = ? group by 1")
+        frames = rows(f"select distinct frame_set from {SCHEMA}.posteriors where family = ?")
+    confirmatory = [b.name for b in settings.blocks if not b.is_pilot]
+    want = set(expected[(expected["expected_rows"] > 0) & expected["block"].isin(confirmatory)]["block"]) \
+        if len(expected) else set(confirmatory)
+    have = set(scored["block"]) if len(scored) else set()
+    out["every confirmatory block scored"] = {"passed": bool(want) and want <= have,
+                                              "detail": f"{len(want & have)} of {len(want)} blocks scored"
+                                              + (f"; missing {', '.join(sorted(want - have))}" if want - have else "")}
+    sets = sorted(frames["frame_set"]) if len(frames) else []
+    out["analysis fitted confirmatory rows"] = {"passed": sets == ["confirmatory"],
+                                                "detail": f"posteriors' frame sets: {', '.join(sets) or 'none'}"}
+    report = rehearsal.root / "reports" / family / "stage2_report.html"
+    text = report.read_text(encoding="utf-8") if report.exists() else ""
+    absent = [b.name for b in settings.blocks if f">{b.name}<" not in text]
+    out["the Stage 2 report lists every block"] = {
+        "passed": bool(text) and not absent and "REHEARSAL" in text,
+        "detail": (f"{report}: " + (f"missing {', '.join(absent)}" if absent else "every block listed")
+                   + ("" if "REHEARSAL" in text else "; does not say REHEARSAL")) if text else f"{report} not written"}
+    return out
+
+
 def figures(rehearsal: Rehearsal, seconds: float, returncodes: dict[str, int]) -> dict:
     """The rehearsal's measured figures (``rehearsal.json``)."""
     steps_path = rehearsal.root / STEP_LOG
@@ -163,6 +200,12 @@ def rehearse(family: str, frames: int = 1, depths: Sequence[int] | None = None, 
         if codes.get("register", 0) == 0:
             codes["confirmatory"] = fear(rehearsal, "run", family, *(["--through", through] if through else []), log=log)
     out = figures(rehearsal, time.perf_counter() - started, codes)
+    if codes.get("confirmatory") == 0 and not through:
+        out["verified"] = verified(rehearsal)
+        for name, check in out["verified"].items():
+            print(f"  {'ok  ' if check['passed'] else 'FAIL'} {name}: {check['detail']}")
+        if not all(c["passed"] for c in out["verified"].values()):
+            codes["verified"] = 1
     (rehearsal.root / RESULT).write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
     status = max(codes.values()) if codes else 1
     print(f"\nrehearsal of {family}: {'finished' if status == 0 else 'STOPPED'} in {out['wall_seconds']:.0f} s; "
