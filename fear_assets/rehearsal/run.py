@@ -41,6 +41,8 @@ from fear_assets.registration.issue import CONFIRMATORY, family_mode
 STEP_LOG = "steps.jsonl"
 RESULT = "rehearsal.json"
 SCHEMA = "two_facts_one_gate"
+#: The tables of scored documents (one row per document and reader).
+SCORING_TABLES = ("pilot_scores", "pilot_control_scores", "confirmatory_scores")
 #: The stand-in checkpoints live here, built once and shared by every rehearsal.
 MODELS_DIRNAME = "rehearsal_models"
 
@@ -101,13 +103,33 @@ def table_figures(duckdb_path: Path, family: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def scored_by_block(duckdb_path: Path, family: str) -> pd.DataFrame:
+    """Documents, tokens (sum and mean of ``n_tokens``) and context exclusions of every scoring
+    table by block and depth: what a projection of the registered run's GPU time needs."""
+    out = []
+    if not duckdb_path.exists():
+        return pd.DataFrame()
+    with duckdb.connect(str(duckdb_path), read_only=True) as con:
+        for table in SCORING_TABLES:
+            try:
+                frame = con.execute(
+                    f"select block, depth, count(*) as documents, sum(n_tokens) as tokens, "
+                    f"avg(n_tokens) as mean_tokens, max(n_tokens) as max_tokens, "
+                    f"sum(case when excluded_context then 1 else 0 end) as excluded from {SCHEMA}.{table} "
+                    f"where family = ? group by 1, 2 order by 1, 2", [family]).df()
+            except duckdb.CatalogException:  # the table was never materialised
+                continue
+            out.append(frame.assign(table=table))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
 def exclusions_by_cell(duckdb_path: Path, family: str) -> pd.DataFrame:
     """Context-window exclusions of every scoring table by block, depth and cell (condition code)."""
     out = []
     if not duckdb_path.exists():
         return pd.DataFrame(columns=["table", "block", "depth", "cell", "documents", "excluded"])
     with duckdb.connect(str(duckdb_path), read_only=True) as con:
-        for table in ("pilot_scores", "pilot_control_scores", "confirmatory_scores"):
+        for table in SCORING_TABLES:
             try:
                 frame = con.execute(
                     f"select block, depth, condition_code as cell, count(*) as documents, "
@@ -173,6 +195,7 @@ def figures(rehearsal: Rehearsal, seconds: float, returncodes: dict[str, int]) -
         "workspace_bytes": sum(p.stat().st_size for p in rehearsal.root.rglob("*") if p.is_file() and not p.is_symlink()),
         "steps": steps,
         "tables": tables.to_dict(orient="records"),
+        "scored_by_block": scored_by_block(rehearsal.duckdb_path, rehearsal.family).to_dict(orient="records"),
         "exclusions_by_cell": cells.to_dict(orient="records"),
     }
 
