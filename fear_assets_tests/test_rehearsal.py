@@ -198,3 +198,14 @@ def test_documents_are_rendered_with_the_tokenizer_of_the_checkpoint_the_site_pl
     tokenizers = family_tokenizers(settings, family, tmp_path / "cache", placed)
     assert set(tokenizers) == {"tested", "base", "judge"}
     assert tokenizers["tested"].encode("Orin reads.") == smol_tokenizer.encode("Orin reads.")
+
+
+def test_fear_rehearse_refuses_the_demo_and_an_unregistered_depth_before_building_anything():
+    import subprocess
+    import sys
+
+    for args, says in ((["smollm2-135m"], "embedded demonstration"),
+                       (["gemma-2-9b", "--depths", "0,5"], "registers the depths")):
+        done = subprocess.run([sys.executable, "-m", "fear_assets.defs.cli", "rehearse", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and says in done.stderr, done.stderr

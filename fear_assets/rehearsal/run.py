@@ -32,10 +32,12 @@ from typing import Sequence
 
 import duckdb
 import pandas as pd
+import yaml
 
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, REGISTERED_SETTINGS_PATH, load_settings
 from fear_assets.rehearsal.models import build_family
-from fear_assets.rehearsal.workspace import DEFAULT_ROOT, Rehearsal, RehearsalError, prepare_workspace
+from fear_assets.rehearsal.workspace import (DEFAULT_ROOT, Rehearsal, RehearsalError, prepare_workspace,
+                                             rehearsal_settings)
 from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
 STEP_LOG = "steps.jsonl"
@@ -209,6 +211,8 @@ def rehearse(family: str, frames: int = 1, depths: Sequence[int] | None = None, 
     rehearsal = Rehearsal(family, frames, tuple(depths) if depths else None, root.resolve(),
                           "float32" if device == "cpu" else None)
     started = time.perf_counter()
+    # The arguments first (an unknown family or depth, the embedded demo), before any build.
+    rehearsal_settings(yaml.safe_load(REGISTERED_SETTINGS_PATH.read_text(encoding="utf-8")), family, frames, depths)
     directories = build_family(registered_settings, family, DEFAULT_CACHE_DIR / MODELS_DIRNAME)
     prepare_workspace(rehearsal, REGISTERED_SETTINGS_PATH, directories, device=device)
     log = rehearsal.root / "rehearsal.log"
