@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -209,3 +210,32 @@ def test_fear_rehearse_refuses_the_demo_and_an_unregistered_depth_before_buildin
         done = subprocess.run([sys.executable, "-m", "fear_assets.defs.cli", "rehearse", *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_pilot_report_scoring_with_every_answer_truncated_is_a_failed_gate_not_a_crash(settings, bank):
+    """4.5 / 4.8: a truncated greedy answer is an excluded trial and is not scored. When every
+    answer is excluded (random weights never end an answer; a real checkpoint could too), the
+    keyword rule and the scorer have nothing to agree on: the gate fails and says why. It
+    crashed the pilot ("no generated pilot answers") before, stopping everything downstream."""
+    from fear_assets.core.registered import registered
+    from fear_assets.pilot.report_scoring import REPORT_SCORING_COLUMNS, score_pilot_reports
+
+    answers = pd.DataFrame([{"trial_id": f"t{i}", "family": PRIMARY, "depth": "d1", "block": "pilot_primary",
+                             "item_id": "TER-01", "content_option": 1, "generated_text": "a never-ending answer",
+                             "generation_truncated": True, "excluded_context": False,
+                             "answer_exceeds_context": False, "nonfinite_logprob": False} for i in range(4)])
+
+    def never_called(questions, letters):
+        raise AssertionError("the scorer must not be asked about excluded answers")
+
+    result = score_pilot_reports(answers, pd.DataFrame(columns=["trial_id", "continuations"]), bank,
+                                 registered(settings, PRIMARY), None, "scorer", never_called, lambda m: None)
+    assert result.kappa is None and result.answers == 0
+    assert list(result.table.columns) == list(REPORT_SCORING_COLUMNS) and len(result.table) == 1
+    row = result.table.iloc[0]
+    assert not row["gate_passed"] and "all 4 greedy answers are excluded" in row["message"]
+    assert "4 truncated" in row["message"]
+    # No answer at all is still an error: the pilot_primary block was not scored.
+    with pytest.raises(ValueError, match="no generated pilot answers"):
+        score_pilot_reports(answers.iloc[:0], pd.DataFrame(columns=["trial_id", "continuations"]), bank,
+                            registered(settings, PRIMARY), None, "scorer", never_called, lambda m: None)

@@ -230,6 +230,24 @@ class ReportScoringResult:
     answers: int
 
 
+#: The stored table's columns (one row per answer and side), in order.
+REPORT_SCORING_COLUMNS = ("trial_id", "depth", "item_id", "side", "generated_text", "item_text", "keywords", "rule",
+                          "scorer", "refusal", "stem", "final", "category", "family", "kappa", "gate_passed", "message",
+                          "scorer_checkpoint")
+
+
+def no_answer_message(answered: pd.DataFrame) -> str:
+    """The gate's verdict where every generated pilot answer is excluded (4.8)."""
+    truncated = int(answered["generation_truncated"].fillna(False).astype(bool).sum())
+    over = int((answered["excluded_context"].fillna(False).astype(bool)
+                | answered.get("answer_exceeds_context", pd.Series(False, index=answered.index)).fillna(False)
+                .astype(bool)).sum())
+    return (f"no pilot answer to score: all {len(answered)} greedy answers are excluded under 4.8 ({truncated} "
+            f"truncated at the registered answer length, {over} over the context window), so the keyword rule and "
+            "the blinded scorer cannot be compared (kappa undefined): the gate fails. Fix: a checkpoint that ends "
+            "its answers within the registered length, or a revised answer length before registration")
+
+
 def score_pilot_reports(pilot_scores: pd.DataFrame, pilot_trial_table: pd.DataFrame, bank: Bank, view: Registered,
                         scorer_tokenizer, scorer_checkpoint: str, answer: Answerer,
                         log: Callable[[str], None]) -> ReportScoringResult:
@@ -240,11 +258,17 @@ def score_pilot_reports(pilot_scores: pd.DataFrame, pilot_trial_table: pd.DataFr
     window is an excluded trial (4.8) and is not scored."""
     settings = view.settings
     rule = settings.report_scoring
-    pilot = kept(pilot_scores)
-    pilot = pilot[(pilot["block"] == "pilot_primary") & pilot["generated_text"].notna()]
-    rows = scorer_rows(pilot, pilot_trial_table, bank, settings.neutral_partner_option, partner_keywords)
-    if rows.empty:
+    answered = pilot_scores[(pilot_scores["block"] == "pilot_primary") & pilot_scores["generated_text"].notna()]
+    if answered.empty:
         raise ValueError("no generated pilot answers: score the pilot_primary block (with its greedy answer) first")
+    pilot = kept(answered)
+    rows = scorer_rows(pilot, pilot_trial_table, bank, settings.neutral_partner_option, partner_keywords)
+    if rows.empty:  # every answer excluded (4.8): nothing to compare, a failed gate, not a crash
+        message = no_answer_message(answered)
+        table = pd.DataFrame([{c: None for c in REPORT_SCORING_COLUMNS} | {
+            "family": view.family.key, "kappa": float("nan"), "gate_passed": False, "message": message,
+            "scorer_checkpoint": scorer_checkpoint}])[list(REPORT_SCORING_COLUMNS)]
+        return ReportScoringResult(table, None, message, 0)
     rows["rule"] = [mentions(t, k) for t, k in zip(rows["generated_text"], rows["keywords"])]
     prefix, suffix = user_chat(scorer_tokenizer)
     template = bank.templates["prompts"]["scorer"]

@@ -83,11 +83,11 @@ def report_scoring(context: dg.AssetExecutionContext, protocol: ProtocolResource
                                  lambda questions, letters: answer(language_model, spec, questions, letters),
                                  context.log.info)
     table, kappa = result.table, result.kappa
-    by = table.groupby(["side", "category"]).size().unstack(fill_value=0)
+    by = table.groupby(["side", "category"]).size().unstack(fill_value=0) if result.answers else None
     return dg.Output(table, metadata=named_metadata(context, {
         "kappa": number(kappa, "kappa") if kappa is not None else "undefined",
         "verdict": result.message, "answers": result.answers,
-        "categories by side": md_table(by, index=True),
+        "categories by side": md_table(by, index=True) if by is not None else "none (no answer to score)",
         "disagreements resolved by the stem pass": int(table["stem"].notna().sum()),
     }))
 
