@@ -239,3 +239,19 @@ def test_pilot_report_scoring_with_every_answer_truncated_is_a_failed_gate_not_a
     with pytest.raises(ValueError, match="no generated pilot answers"):
         score_pilot_reports(answers.iloc[:0], pd.DataFrame(columns=["trial_id", "continuations"]), bank,
                             registered(settings, PRIMARY), None, "scorer", never_called, lambda m: None)
+
+
+def test_the_depth_rules_say_when_every_pilot_trial_is_excluded_rather_than_asking_for_scores():
+    """5 / 4.8: the depth band and H5 depth read the pilot's kept primary trials. With every
+    answer truncated (the rehearsal's random weights) there is none; the error said "materialise
+    pilot_scores first" although they were materialised. It now names the exclusions."""
+    from fear_assets.core.errors import FearAssetsError
+    from fear_assets.pilot.depth_rules import pooled_by_depth
+
+    rows = pd.DataFrame([{"block": "pilot_primary", "trial_id": f"t{i}", "depth": "d1", "fc_correct": True,
+                          "generation_truncated": True, "excluded_context": False, "answer_exceeds_context": False,
+                          "nonfinite_logprob": False} for i in range(3)])
+    with pytest.raises(FearAssetsError, match="every one of the 3 pilot_primary trials is excluded under 4.8"):
+        pooled_by_depth(rows, pd.DataFrame())
+    with pytest.raises(FearAssetsError, match="materialise pilot_scores"):
+        pooled_by_depth(rows.iloc[:0], pd.DataFrame())

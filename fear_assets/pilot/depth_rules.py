@@ -25,9 +25,17 @@ def pooled_by_depth(pilot_scores: pd.DataFrame, report_scoring: pd.DataFrame) ->
     reason excludes (4.8: excluded trials enter no rule), their number, the pooled
     forced-choice accuracy over all six cells (the H5 depth rule) and the neutral-partner
     mention rate (the band rule, :func:`neutral_mention_rates`)."""
-    pilot = kept(pilot_scores[pilot_scores["block"] == "pilot_primary"]).copy()
-    if pilot.empty:
+    primary = pilot_scores[pilot_scores["block"] == "pilot_primary"]
+    if primary.empty:
         raise FearAssetsError("no pilot_primary scores for this family: materialise pilot_scores for its depths first")
+    pilot = kept(primary).copy()
+    if pilot.empty:  # every trial excluded (4.8): neither rule has a trial to read
+        truncated = int(primary["generation_truncated"].fillna(False).astype(bool).sum())
+        raise FearAssetsError(
+            f"every one of the {len(primary)} pilot_primary trials is excluded under 4.8 ({truncated} greedy answers "
+            "truncated at the registered answer length, the rest over the context window), so the depth band and "
+            "H5 depth rules (5) have no trial to read. Fix: a checkpoint that ends its answers within the "
+            "registered length (check the end-of-turn tokens of its chat template), then rescore the pilot")
     pilot["depth_index"] = pilot["depth"].map(depth_index)
     accuracy = pilot.groupby("depth_index").agg(trials=("trial_id", "size"), fc_accuracy=("fc_correct", "mean"))
     return accuracy.reset_index().merge(neutral_mention_rates(report_scoring), on="depth_index", how="left")
