@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu import interpolate  # noqa: E402
 
 from fear_assets.core.settings import REGISTERED_SETTINGS_PATH, load_settings  # noqa: E402
-from fear_assets.rehearsal.run import RESULT, rehearse, workspace_name  # noqa: E402
-from fear_assets.rehearsal.workspace import DEFAULT_ROOT  # noqa: E402
+from fear_assets.rehearsal.run import RESULT, figures as figures_of, rehearse, workspace_name  # noqa: E402
+from fear_assets.rehearsal.workspace import DEFAULT_ROOT, Rehearsal  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "rehearsal.json"
 
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=1)
     p.add_argument("--depths", default=None, help="comma-separated depth tokens (default: every registered depth)")
     p.add_argument("--read", action="store_true", help="read the finished workspaces instead of running them")
+    p.add_argument("--dir", default=None, help="the workspace (one family; default data/rehearsal/<family>-f<N>...)")
     args = p.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")] if args.depths else None
     settings = load_settings(REGISTERED_SETTINGS_PATH)
@@ -90,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())["gpu"]
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rehearsals": {}}
     for family in args.families:
-        root = DEFAULT_ROOT / workspace_name(family, args.frames, depths)
-        if args.read:
-            figures = json.loads((root / RESULT).read_text())
+        root = Path(args.dir) if args.dir else DEFAULT_ROOT / workspace_name(family, args.frames, depths)
+        if args.read:  # the workspace's figures, re-read with this code (a rehearsal stopped early included)
+            done = json.loads((root / RESULT).read_text())
+            rehearsal = Rehearsal(family, args.frames, tuple(depths) if depths else None, root.resolve())
+            figures = {**figures_of(rehearsal, done["wall_seconds"], done["returncodes"]),
+                       **({"verified": done["verified"]} if "verified" in done else {})}
         else:
             _, figures = rehearse(family, args.frames, depths, root)
         key = workspace_name(family, args.frames, depths)
