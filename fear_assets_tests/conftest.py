@@ -47,8 +47,8 @@ DURATIONS = Path(__file__).with_name("durations.json")
 
 def pytest_collection_modifyitems(session, config, items):
     """The longest modules first (by their recorded durations; unrecorded ones after, in file
-    order): with two xdist workers taking one module at a time, a long module started last
-    would leave one worker idle at the end of the run."""
+    order). A serial run follows it; under xdist's loadfile schedule, which orders modules by
+    their number of tests, it decides among modules with as many tests."""
     if not DURATIONS.is_file():
         return
     seconds = json.loads(DURATIONS.read_text(encoding="utf-8"))
