@@ -105,42 +105,38 @@ def table_figures(duckdb_path: Path, family: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def scored_by_block(duckdb_path: Path, family: str) -> pd.DataFrame:
-    """Documents, tokens (sum and mean of ``n_tokens``) and context exclusions of every scoring
-    table by block and depth: what a projection of the registered run's GPU time needs."""
+def per_scoring_table(duckdb_path: Path, family: str, select: str, keys: int) -> pd.DataFrame:
+    """``select ... from <table> where family = ? group by`` the first ``keys`` columns, for
+    every scoring table the store holds, with a ``table`` column (empty where none is stored)."""
     out = []
     if not duckdb_path.exists():
         return pd.DataFrame()
+    groups = ", ".join(str(i) for i in range(1, keys + 1))
     with duckdb.connect(str(duckdb_path), read_only=True) as con:
         for table in SCORING_TABLES:
             try:
-                frame = con.execute(
-                    f"select block, depth, count(*) as documents, sum(n_tokens) as tokens, "
-                    f"avg(n_tokens) as mean_tokens, max(n_tokens) as max_tokens, "
-                    f"sum(case when excluded_context then 1 else 0 end) as excluded from {SCHEMA}.{table} "
-                    f"where family = ? group by 1, 2 order by 1, 2", [family]).df()
+                frame = con.execute(f"select {select} from {SCHEMA}.{table} where family = ? "
+                                    f"group by {groups} order by {groups}", [family]).df()
             except duckdb.CatalogException:  # the table was never materialised
                 continue
             out.append(frame.assign(table=table))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+EXCLUDED = "sum(case when excluded_context then 1 else 0 end) as excluded"
+
+
+def scored_by_block(duckdb_path: Path, family: str) -> pd.DataFrame:
+    """Documents, tokens (sum and mean of ``n_tokens``) and context exclusions of every scoring
+    table by block and depth: what a projection of the registered run's GPU time needs."""
+    return per_scoring_table(duckdb_path, family, "block, depth, count(*) as documents, sum(n_tokens) as tokens, "
+                             f"avg(n_tokens) as mean_tokens, max(n_tokens) as max_tokens, {EXCLUDED}", 2)
 
 
 def exclusions_by_cell(duckdb_path: Path, family: str) -> pd.DataFrame:
     """Context-window exclusions of every scoring table by block, depth and cell (condition code)."""
-    out = []
-    if not duckdb_path.exists():
-        return pd.DataFrame(columns=["table", "block", "depth", "cell", "documents", "excluded"])
-    with duckdb.connect(str(duckdb_path), read_only=True) as con:
-        for table in SCORING_TABLES:
-            try:
-                frame = con.execute(
-                    f"select block, depth, condition_code as cell, count(*) as documents, "
-                    f"sum(case when excluded_context then 1 else 0 end) as excluded from {SCHEMA}.{table} "
-                    f"where family = ? group by 1, 2, 3 order by 1, 2, 3", [family]).df()
-            except duckdb.CatalogException:  # the table was never materialised
-                continue
-            out.append(frame.assign(table=table))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+    return per_scoring_table(duckdb_path, family,
+                             f"block, depth, condition_code as cell, count(*) as documents, {EXCLUDED}", 3)
 
 
 def verified(rehearsal: Rehearsal) -> dict[str, dict]:

@@ -24,6 +24,7 @@ import yaml
 from fear_assets.core.settings import DATA_DIR, DEFAULT_CACHE_DIR, PROJECT_ROOT, SETTINGS_ENV, load_settings
 from fear_assets.core.site import SITE_ENV
 from fear_assets.registration.freeze import freeze_record, write_record
+from fear_assets.registration.record import atomic_write
 from fear_assets.rehearsal.models import RehearsalError
 from fear_assets.stimuli.bank import load_bank
 
@@ -150,7 +151,7 @@ def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directori
             + yaml.safe_dump(rehearsal_settings(raw, rehearsal.family, rehearsal.frames, rehearsal.depths,
                                                 rehearsal.dtype),
                              sort_keys=False, allow_unicode=True, width=120))
-    _write(rehearsal.settings_path, text)
+    atomic_write(rehearsal.settings_path, text)
     settings = load_settings(rehearsal.settings_path)
     write_record(freeze_record(settings, load_bank(settings=settings)), rehearsal.registration_dir)
     link = rehearsal.cache_dir
@@ -160,15 +161,9 @@ def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directori
             "device": device,
             "store": {"kind": "duckdb", "duckdb_path": str(rehearsal.duckdb_path)},
             "paths": {"registration_dir": str(rehearsal.registration_dir), "cache_dir": str(link)}}
-    _write(rehearsal.site_path, "# A rehearsal's site configuration (fear rehearse): stand-in checkpoints.\n"
+    atomic_write(rehearsal.site_path, "# A rehearsal's site configuration (fear rehearse): stand-in checkpoints.\n"
            + yaml.safe_dump(site, sort_keys=False))
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", root / "dagster.yaml")
-    _write(rehearsal.note_path, "Rehearsal: no supplementary note exists for a rehearsal; this file stands in "
+    atomic_write(rehearsal.note_path, "Rehearsal: no supplementary note exists for a rehearsal; this file stands in "
            "for it so that the record is issued through the product's own command.\n")
     return rehearsal
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
