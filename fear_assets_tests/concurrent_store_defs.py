@@ -34,6 +34,9 @@ class LoadConfig(dg.Config):
     barrier_dir: str = ""
     barrier_size: int = 1
     barrier_timeout_s: float = 90.0
+    #: Seconds a step holds its pool slot before it returns: with one slot, a run that arrives
+    #: meanwhile waits in its own process, so the queue's runs are visibly in flight together.
+    hold_s: float = 0.0
 
 
 def _wait_for_wave(part: str, cfg: LoadConfig, log) -> None:
@@ -56,8 +59,14 @@ def store_load(context: dg.AssetExecutionContext, config: LoadConfig) -> pd.Data
     if config.barrier_size > 1:
         _wait_for_wave(context.partition_key, config, context.log)
     else:
+        time.sleep(config.hold_s)
         context.log.info(f"WRITE_BEGIN {context.partition_key}")
     return frame
 
 
-defs = dg.Definitions(assets=[store_load], resources={"io_manager": store_io_manager()})
+# In-process: each run executes its one step in the run worker itself, instead of starting a
+# second interpreter per run (multiprocess executor) that imports dagster and pandas again.
+# Pools are claimed the same way (the in-process executor holds the instance's concurrency
+# context), and each run is still its own process, so the writes stay concurrent.
+defs = dg.Definitions(assets=[store_load], resources={"io_manager": store_io_manager()},
+                      executor=dg.in_process_executor)

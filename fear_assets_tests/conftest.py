@@ -57,6 +57,29 @@ def pytest_collection_modifyitems(session, config, items):
                                  order[item.nodeid.split("::")[0]]))
 
 
+#: Modules that must never run beside each other under xdist: each starts a fleet of processes
+#: (a Postgres server, dagster-daemon and a run per partition; ``dagster dev`` and Chromium)
+#: and waits for it against a deadline, so two of them together on 2 cores starve each other
+#: (measured: the Postgres backfill timed out beside the browser test, 1 failed in 545 s).
+#: They share one work unit, so one worker runs them one after the other.
+APART = ("fear_assets_tests/test_store_concurrency.py", "fear_assets_tests/test_browser.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadfile schedule (one module per work unit, module fixtures built once), with
+    the ``APART`` modules joined into one unit. Any other ``--dist`` keeps xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ApartLoadFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return APART[0] if scope in APART else scope
+
+    return ApartLoadFileScheduling(config, log)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The fault suite's ledger as JSON when ``$FEAR_FAULTS_REPORT`` names a file (issue 16)."""
     import os

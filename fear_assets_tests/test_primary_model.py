@@ -100,6 +100,9 @@ def test_a_null_h2_is_practically_equivalent(settings):
     assert decision.label == "practically_equivalent"
 
 
+# Slow (a compilation and two 700-step fits). The default run keeps the rule through stronger tests:
+# test_power's swapped data equal a fresh compile's draws, and test_design_cells' do so with a cell fewer.
+@pytest.mark.slow
 def test_a_refit_through_the_compiled_model_reads_its_new_data(settings):
     """Fitter compiles once per shape; a second dataset of the same shape goes through
     nutpie's with_data and must give its own answer, not the first dataset's."""

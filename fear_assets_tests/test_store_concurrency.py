@@ -35,6 +35,9 @@ pytestmark = pytest.mark.postgres
 ROOT = Path(__file__).resolve().parents[1]
 N_PARTS = 4  # partitions per backfill, all launched together (the acceptance asks for >= 4 at once)
 ROWS = 20_000
+#: How long each step of the one-slot backfill holds the slot: the runs launched together then
+#: wait for each other's turn instead of finishing before the next one has started.
+HOLD_S = 4.0
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 #: DuckDB's and Postgres's words for a writer refused by a lock (not Dagster's "blocked by limit for pool").
 LOCK_ERROR = re.compile(r"could not set lock|conflicting lock|lock on file|database is locked|deadlock|lock timeout",
@@ -241,12 +244,13 @@ def test_concurrent_backfill_on_postgres(postgres, tmp_path, monkeypatch):
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
 
-    def run_config(store: str, barrier: int, generation: int = 1) -> dict:
+    def run_config(store: str, barrier: int, generation: int = 1, hold_s: float = 0.0) -> dict:
         (tmp_path / f"barrier-{store}-{generation}").mkdir()
         return {"resources": {"io_manager": {"config": {"store": store, "database": str(db), "schema": SCHEMA,
                                                         "parquet_root": str(root)}}},
                 "ops": {"store_load": {"config": {"generation": generation, "rows": ROWS, "barrier_size": barrier,
-                                                  "barrier_dir": str(tmp_path / f"barrier-{store}-{generation}")}}}}
+                                                  "barrier_dir": str(tmp_path / f"barrier-{store}-{generation}"),
+                                                  "hold_s": hold_s}}}}
 
     _seed("parquet", root, db)
     _seed("duckdb", root, db)
@@ -270,7 +274,7 @@ def test_concurrent_backfill_on_postgres(postgres, tmp_path, monkeypatch):
     # The embedded file, same load: its pool (one slot, dagster.yaml's default) serialises the writes.
     instance.event_log_storage.set_concurrency_slots("duckdb", 1)
     t = time.monotonic()
-    backfill = _launch_backfill(instance, run_config("duckdb", 1), "duckdb")
+    backfill = _launch_backfill(instance, run_config("duckdb", 1, hold_s=HOLD_S), "duckdb")
     with _daemon(tmp_path, env, "duckdb") as (daemon, log):
         duck_runs = _wait_for_runs(instance, backfill, daemon, log)
     duck_s = time.monotonic() - t
