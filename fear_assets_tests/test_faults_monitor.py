@@ -152,7 +152,9 @@ def _gpu_holders(instance) -> set[str]:
     return {slot.run_id for slot in info.claimed_slots}
 
 
-@pytest.mark.parametrize("config", ["embedded", pytest.param("postgres", marks=pytest.mark.postgres)])
+# The Postgres instance variant is slow (about 2.5 minutes beside the suite): the default run keeps
+# the fault on the embedded instance, and Postgres through test_store_concurrency; -m slow runs it.
+@pytest.mark.parametrize("config", ["embedded", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow])])
 def test_kill_9_of_a_scoring_run_frees_the_gpu_slot_and_the_queued_rerun_resumes(config, scoring_job, tmp_path,
                                                                                  request, monkeypatch):
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus

@@ -122,6 +122,9 @@ def test_exported_log_density_gives_the_in_process_graphs_nuts_steps(power_gpu, 
     assert float(jnp.abs(pa - x).max()) > 1e-3  # the transition moved
 
 
+# Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
+# -m slow before a device session; the export's log density and NUTS steps stay in the default run.
+@pytest.mark.slow
 def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")

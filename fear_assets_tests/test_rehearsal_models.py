@@ -201,6 +201,31 @@ def test_the_engine_scores_a_short_document_with_finite_log_probabilities(arch, 
     assert 1 <= len(generated.generated_ids) <= 3
 
 
+@EACH
+def test_every_greedy_answer_ends_on_the_end_of_turn_token_before_the_registered_length(arch, loaded):
+    """4.8 excludes an answer cut at the registered length: a stand-in whose answers never
+    end has every pilot trial excluded, and the rehearsal stops at the depth rule. Each answer
+    of the product's engine, on documents of several lengths and contents, must end on one of
+    the tokenizer's end-of-turn ids after a first token of the model's own (so the decoding
+    loop runs), never cut, while teacher forcing stays finite."""
+    model, tokenizer = loaded(arch)
+    eos = end_of_turn_ids(tokenizer)
+    assert any(tokenizer.convert_ids_to_tokens(i) == END_OF_TURN[arch] for i in eos)
+    engine = TeacherForcedEngine(model)
+    prompts = ["Who will be retrained?", "The operator logs the audit.\n\n" * 40 + "Which system was rated?",
+               "Write one sentence about the weather."]
+    for text in prompts:
+        document = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        context, continuation = encode_pair(lambda t: tokenizer.encode(t, add_special_tokens=False), document,
+                                            "The document says Orin.")
+        (responses,) = run(engine, [(context, [Request.loglikelihood((), continuation), Request.generate((), 24, eos)])])
+        scored, generated = responses
+        assert not generated.truncated, (arch, text[:30], generated.generated_ids)
+        assert len(generated.generated_ids) == 1 and generated.generated_ids[0] not in eos
+        assert all(math.isfinite(x) and x < 0 for x in scored.score.token_logprobs)
+
+
 # ---------------------------------------------------------------------------------------
 # Reproducible, pinned, marked
 # ---------------------------------------------------------------------------------------

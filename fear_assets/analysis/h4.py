@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import arviz as az
 import numpy as np
 import pandas as pd
 
@@ -78,6 +77,8 @@ def fit_h4(data: pd.DataFrame, fears: Sequence[str], band: Sequence[int], priors
     mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
                     [depth_key(b) for b in band])
     h4 = np.asarray(hypotheses(mu)["H2"])
+    import arviz as az
+
     low, high = (float(v) for v in az.hdi(h4, hdi_prob=hdi_prob))
     decision = label(low, high, sesoi)
     return H4Fit(float(h4.mean()), low, high, decision.label, decision.practically_meaningful, convergence(idata), idata,

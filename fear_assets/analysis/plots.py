@@ -13,16 +13,16 @@ from __future__ import annotations
 import base64
 import io
 import math
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from fear_assets.analysis.estimands import NOT_CONVERGED_TEXT, label_as_read  # noqa: F401 - NOT_CONVERGED_TEXT re-exported
 from fear_assets.models.decision import label
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_COLUMNS = ("mean", "hdi_low", "hdi_high", "label")
@@ -57,9 +57,19 @@ def forest_row_labels(table: pd.DataFrame) -> list[str]:
     return names
 
 
-def _figure(width: float, height: float):
+def _blank_figure(width: float, height: float) -> Figure:
+    # matplotlib is imported when a figure is drawn: the Dagster definitions import this module,
+    # and every run and step process would otherwise load it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
+    return fig
+
+
+def _figure(width: float, height: float):
+    fig = _blank_figure(width, height)
     return fig, fig.add_subplot()
 
 
@@ -185,8 +195,7 @@ def trace_plot(name: str, draws: np.ndarray, chains: int) -> bytes:
     import arviz as az
 
     data = az.from_dict(posterior={name: _chains_of(draws, chains)})
-    fig = Figure(figsize=(7.0, 1.8))
-    FigureCanvasAgg(fig)
+    fig = _blank_figure(7.0, 1.8)
     axes = np.array([fig.subplots(1, 2)])
     az.plot_trace(data, var_names=[name], axes=axes, compact=False, show=False)
     axes[0, 0].set_title(f"{name}: posterior by chain", fontsize="small")
@@ -233,6 +242,8 @@ def delta_by_depth_plot(table: pd.DataFrame) -> bytes:
     position = {d: i for i, d in enumerate(depths)}
     agents = list(dict.fromkeys(data["agent"]))
     contents = list(dict.fromkeys(data["content"]))
+    import matplotlib
+
     palette = matplotlib.colormaps["tab10"]
     styles = ["-", "--", ":", "-."]
     fig, ax = _figure(7.5, 4.2)

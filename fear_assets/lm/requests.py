@@ -19,9 +19,10 @@ them and never decides what to read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LOGLIKELIHOOD, NEXT_TOKEN, GENERATE = "loglikelihood", "next_token", "generate"
 KINDS = (LOGLIKELIHOOD, NEXT_TOKEN, GENERATE)

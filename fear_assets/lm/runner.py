@@ -10,10 +10,12 @@ across lists: a list's generate requests wait in a queue that is decoded once it
 
 from __future__ import annotations
 
-from typing import Callable, ContextManager, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Sequence
 
-from fear_assets.lm.engine import GenerationState, TeacherForcedEngine
 from fear_assets.lm.requests import Request, Response
+
+if TYPE_CHECKING:
+    from fear_assets.lm.engine import GenerationState, TeacherForcedEngine
 
 #: ``hook(cache view)``: a context manager active during a list's first packed forward.
 Hook = Callable[[object], ContextManager]

@@ -25,7 +25,6 @@ import pandas as pd
 from fear_assets.core.registered import Registered
 from fear_assets.core.settings import AGENTS, ProtocolSettings
 from fear_assets.stimuli.bank import Bank
-from statsmodels.stats.weightstats import DescrStatsW
 
 TOST_COLUMNS = ["comparison", "n", "mean_difference", "tost_p"]
 
@@ -105,6 +104,8 @@ def per_frame_differences(differences: pd.DataFrame) -> pd.DataFrame:
 
 def tost_over(per_frame: pd.DataFrame, retained: set[str], bound: float) -> pd.DataFrame:
     """The bank-level TOST over the ``retained`` frames' per-frame mean differences."""
+    from statsmodels.stats.weightstats import DescrStatsW
+
     d = per_frame[per_frame["item_id"].isin(retained)]
     rows = []
     for comparison, part in d.groupby("kind", sort=True):

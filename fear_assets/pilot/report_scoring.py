@@ -23,8 +23,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from nltk.stem.snowball import SnowballStemmer
-from sklearn.metrics import cohen_kappa_score
 
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.registered import Registered
@@ -97,7 +95,9 @@ def is_refusal(text: str | None, patterns: Sequence[str]) -> bool:
 
 
 @lru_cache(maxsize=1)
-def _stemmer() -> SnowballStemmer:
+def _stemmer():
+    from nltk.stem.snowball import SnowballStemmer
+
     return SnowballStemmer("english")
 
 
@@ -198,6 +198,8 @@ def agreement(rule: Sequence[bool], scorer: Sequence[bool]) -> tuple[float | Non
         said = "a mention" if r[0] else "no mention"
         return None, (f"kappa undefined: both scorers said {said} for all {len(r)} non-refusal answers, "
                       "so chance agreement is 1; the pilot answers do not show whether the scorers agree")
+    from sklearn.metrics import cohen_kappa_score
+
     kappa = float(cohen_kappa_score(r, s, labels=[False, True]))
     if not math.isfinite(kappa):
         return None, f"kappa undefined over {len(r)} non-refusal answers (observed agreement {observed:.3f})"

@@ -14,15 +14,14 @@ sentence; each reports held-out accuracy with a 99% interval, and any interval e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
 from joblib import Parallel, delayed
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
-from statsmodels.stats.proportion import proportion_confint
+
+if TYPE_CHECKING:
+    from sklearn.preprocessing import OneHotEncoder
 
 from fear_assets.core.hashing import derived_seed
 
@@ -83,11 +82,19 @@ class Residualiser:
                             self.fitted_trials)
 
 
+# scikit-learn and statsmodels are imported where they are used: the Dagster definitions import
+# this module, and every run and step process would otherwise load them.
 def _probe(c: float):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=5000))
 
 
 def _design(meta: pd.DataFrame, columns: Sequence[str], encoder: OneHotEncoder | None = None):
+    from sklearn.preprocessing import OneHotEncoder
+
     values = meta[list(columns)].astype(str).to_numpy()
     if encoder is None:
         encoder = OneHotEncoder(handle_unknown="ignore").fit(values)
@@ -110,6 +117,8 @@ def balanced_shuffle(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def run_fold(X: np.ndarray, meta: pd.DataFrame, held_out: int, config: ProbeSettings,
              no_agent_X: np.ndarray | None = None, no_agent_meta: pd.DataFrame | None = None) -> dict:
     """One fold of one frame: train on the other rotations, evaluate on ``held_out``."""
+    from sklearn.linear_model import LogisticRegression
+
     train = (meta["rotation"] != held_out).to_numpy()
     test = ~train
     y = meta["content_option"].to_numpy()
@@ -147,6 +156,8 @@ def run_fold(X: np.ndarray, meta: pd.DataFrame, held_out: int, config: ProbeSett
 
 
 def interval(successes: int, n: int, level: float) -> tuple[float, float]:
+    from statsmodels.stats.proportion import proportion_confint
+
     lo, hi = proportion_confint(successes, n, alpha=1 - level, method="beta")
     return float(lo), float(hi)
 

@@ -39,6 +39,7 @@ from fear_assets.core.hashing import derived_seed
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, ProtocolSettings, TokenizerEntry
 from fear_assets.core.site import SITE_ENV, load_site
 from fear_assets.lm.models import ROLES
+from fear_assets.lm.tokenizers import end_of_turn_ids
 from fear_assets.lm.registered_tokenizers import (LLAMA3_SPECIAL_TOKENS, PRETOKENIZER_PATTERNS, REGISTERED_DIRNAME,
                                                   registered_for_checkpoint, registered_tokenizers, verified_path)
 
@@ -477,6 +478,7 @@ def recipe(settings: ProtocolSettings, checkpoint: str) -> dict[str, Any]:
                           "format": entry.format, "file": entry.filename, "sha256": entry.sha256},
             "chat_format": {"bos": chat.bos, "eos": chat.eos, "pad": chat.pad, "unk": chat.unk,
                             "template_from": chat.where},
+            "answer_ending": dict(ANSWER_ENDING),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
@@ -497,6 +499,8 @@ def marker_text(plan: Mapping[str, Any]) -> str:
         f"chat template and special tokens: published by {plan['chat_format']['template_from']} "
         f"(tokenizer_config.json); bos {plan['chat_format']['bos']}, eos {plan['chat_format']['eos']}, "
         f"pad {plan['chat_format']['pad']}\n"
+        f"answers: one token, then the end-of-turn token (a constant residual channel, "
+        f"fear_assets.rehearsal.models.end_answers: {json.dumps(plan['answer_ending'], sort_keys=True)})\n"
         f"libraries: torch {plan['versions']['torch']}, transformers {plan['versions']['transformers']}\n"
         f"recipe: {json.dumps(plan, sort_keys=True)}\n"
     )
@@ -586,6 +590,52 @@ def _model_config(plan: Mapping[str, Any], tokenizer):
                                 **json.loads(json.dumps(plan["config"])))
 
 
+#: How a stand-in ends its greedy answers (see :func:`end_answers`): the residual channel that
+#: carries the constant, its value in the token embeddings, and the end tokens' output weight
+#: on it. Part of the recipe, so a build from other values is rebuilt.
+ANSWER_ENDING = {"channel": 0, "value": 0.1, "end_weight": 6.0}
+
+
+def answer_start_ids(tokenizer) -> tuple[int, ...]:
+    """The token a greedy answer is generated after: the last token of the chat template's
+    generation prompt (``\n`` after ``<|im_start|>assistant`` for ChatML, ``[/INST]`` for
+    Mistral), read from the tokenizer, never written per family."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "a"}], tokenize=True,
+                                        add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
+    return (int(ids[-1]),)
+
+
+def end_answers(model, end_ids: tuple[int, ...], start_ids: tuple[int, ...],
+                channel: int = 0, value: float = 0.1, end_weight: float = 6.0) -> None:
+    """Make a random-weight model end every greedy answer after its first token.
+
+    Random weights almost never pick an end-of-turn token, so every answer ran to the registered
+    length and was excluded under 4.8 as truncated: a rehearsal stopped at the depth rule. Here
+    one residual channel carries a constant ``value`` from the embedding of every token except
+    the answer's start token (``start_ids``), and no layer writes into it (the rows of every
+    ``o_proj`` and ``down_proj`` for it are zero); the end tokens alone read it through the
+    output layer (weight ``end_weight``; other tokens' output weight on it is zero, or, with
+    tied embeddings, the same ``value`` for all, a shift that changes no argmax). So after the
+    start token the end token is not favoured and the model answers one token of its random
+    choice; after that token the end token wins. The decoding loop runs one step per answer,
+    and no answer is cut. Modifies ``model`` in place (float32, before the cast to its dtype)."""
+    import torch
+
+    embed = model.get_input_embeddings().weight
+    out = model.get_output_embeddings().weight
+    tied = out.data_ptr() == embed.data_ptr()
+    with torch.no_grad():
+        embed[:, channel] = value
+        embed[list(start_ids), channel] = 0.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[channel, :] = 0.0
+            layer.mlp.down_proj.weight[channel, :] = 0.0
+        if not tied:
+            out[:, channel] = 0.0
+        out[list(end_ids), channel] = (value if tied else 0.0) + end_weight
+
+
 def _is_complete(directory: Path, marker: str) -> bool:
     path = directory / REHEARSAL_MARKER
     return (path.is_file() and path.read_text(encoding="utf-8") == marker
@@ -614,6 +664,7 @@ def build_checkpoint(settings: ProtocolSettings, checkpoint: str, directory: Pat
         # Initialised in float32 from the seed, then cast: the registered dtype's bytes.
         torch.manual_seed(plan["seed"])
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    end_answers(model, end_of_turn_ids(tokenizer), answer_start_ids(tokenizer), **plan["answer_ending"])
     model = model.to(getattr(torch, plan["dtype"])).eval()
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.building-"))
