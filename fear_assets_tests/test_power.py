@@ -201,9 +201,6 @@ def small(settings):
     return design, fitter
 
 
-# Slow (a second compilation). test_design_cells' refit keeps the rule in the default run, in its
-# stronger form: swapped data with a cell fewer give a fresh compile's draws.
-@pytest.mark.slow
 def test_swapping_data_gives_the_posterior_of_a_fresh_compile(settings, small):
     design, fitter = small
     est = _estimates()
