@@ -47,8 +47,8 @@ DURATIONS = Path(__file__).with_name("durations.json")
 
 def pytest_collection_modifyitems(session, config, items):
     """The longest modules first (by their recorded durations; unrecorded ones after, in file
-    order). A serial run follows it; under xdist's loadfile schedule, which orders modules by
-    their number of tests, it decides among modules with as many tests."""
+    order): a serial run follows it, and so do xdist's workers under ``--no-loadscope-reorder``
+    (scripts/fear), so that no long module starts last and leaves one worker idle at the end."""
     if not DURATIONS.is_file():
         return
     seconds = json.loads(DURATIONS.read_text(encoding="utf-8"))

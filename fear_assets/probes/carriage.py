@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 from joblib import Parallel, delayed
 
+from fear_assets.core.hashing import derived_seed
+
 if TYPE_CHECKING:
     from sklearn.preprocessing import OneHotEncoder
-
-from fear_assets.core.hashing import derived_seed
 
 RESIDUAL_KEYS = ["order", "depth_index", "condition_code"]
 CONTROLS = {

@@ -606,8 +606,8 @@ def answer_start_ids(tokenizer) -> tuple[int, ...]:
     return (int(ids[-1]),)
 
 
-def end_answers(model, end_ids: tuple[int, ...], start_ids: tuple[int, ...],
-                channel: int = 0, value: float = 0.1, end_weight: float = 6.0) -> None:
+def end_answers(model, end_ids: tuple[int, ...], start_ids: tuple[int, ...], *,
+                channel: int, value: float, end_weight: float) -> None:
     """Make a random-weight model end every greedy answer after its first token.
 
     Random weights almost never pick an end-of-turn token, so every answer ran to the registered

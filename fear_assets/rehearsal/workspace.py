@@ -162,8 +162,8 @@ def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directori
             "store": {"kind": "duckdb", "duckdb_path": str(rehearsal.duckdb_path)},
             "paths": {"registration_dir": str(rehearsal.registration_dir), "cache_dir": str(link)}}
     atomic_write(rehearsal.site_path, "# A rehearsal's site configuration (fear rehearse): stand-in checkpoints.\n"
-           + yaml.safe_dump(site, sort_keys=False))
+                 + yaml.safe_dump(site, sort_keys=False))
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", root / "dagster.yaml")
     atomic_write(rehearsal.note_path, "Rehearsal: no supplementary note exists for a rehearsal; this file stands in "
-           "for it so that the record is issued through the product's own command.\n")
+                 "for it so that the record is issued through the product's own command.\n")
     return rehearsal
