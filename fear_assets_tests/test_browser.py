@@ -28,7 +28,10 @@ if not (CHROMIUM and CHROMEDRIVER):
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
 
+from fear_assets.core.settings import load_settings  # noqa: E402
 from fear_assets_tests.browser_ui import FAMILY, build_store, free_port, start_ui, stop_ui  # noqa: E402
+
+DEPTHS = load_settings().family(FAMILY).depth_keys  # the embedded design's depth partitions
 
 #: What a researcher must never read in a gate table or the report: Python and JSON reprs
 #: (the English "None of these readings ..." is not one).
@@ -131,7 +134,7 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
     # a design to look as green as a scored one), one materialised (d1 of the embedded family).
     text = _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Materialized (1)")
     assert "Materialized (1)" in text and f"d1|{FAMILY}" in text and "d8|qwen2.5-7b" in text
-    assert f"d3|{FAMILY}" not in text  # the embedded design has two depths
+    assert f"d{len(DEPTHS) + 1}|{FAMILY}" not in text  # no depth outside the embedded design
     _shot(driver, "pilot_trial_table_partitions")
     # A failed gate: the name gate's check names its family, its verdict, what to change and
     # its metadata, a table a researcher reads (no Python reprs).
@@ -173,8 +176,8 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
     assert "frame_bank" not in missing and f"run {runs['frame_bank']}" in inputs["frame_bank"]
     assert not REPRS.findall(text), REPRS.findall(text)
     _shot(driver, "stage2_report")
-    # A backfill of one family's partitions, launched from the UI: both of the embedded family's
-    # (the selector offers only partitions of a design; typing the family lists its keys).
+    # A backfill of one family's partitions, launched from the UI: every one of the embedded
+    # family's (the selector offers only partitions of a design; typing the family lists its keys).
     _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Partitions Selected")
     driver.find_element(By.XPATH, "//button[contains(., 'Materialize')]").click()
     dialog = driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
@@ -182,13 +185,13 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
         By.XPATH, "//*[@role='dialog']//*[normalize-space(text())='Select a partition or create one']"), 15,
         "the partition selector is shown")[0].click()
     driver.switch_to.active_element.send_keys(FAMILY)  # the menu then lists that family's keys
-    for choice in (f"d1|{FAMILY}", f"d2|{FAMILY}"):
+    for choice in (f"{d}|{FAMILY}" for d in DEPTHS):
         _until(lambda: [e for e in driver.find_elements(
             By.XPATH, f"//*[contains(@class, 'Menu_menuItem')]//span[normalize-space(text())={choice!r}]")
                         if e.is_displayed()], 15, f"partition {choice} is offered")[-1].click()
     driver.find_element(By.XPATH, "//*[@role='dialog']//*[starts-with(normalize-space(text()), 'Launch runs to materialize')]").click()
     dialog = driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
-    _until(lambda: "2 partitions" in dialog.text, 10, "the dialog counts 2 partitions")
+    _until(lambda: f"{len(DEPTHS)} partitions" in dialog.text, 10, f"the dialog counts {len(DEPTHS)} partitions")
     _shot(driver, "backfill_dialog")
     dialog.find_element(By.XPATH, ".//button[normalize-space()='Launch backfill']").click()
     backfill = _backfill_created(driver)
@@ -203,8 +206,8 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
 
     outcome = _until(status, 480, f"backfill {backfill} finished")
     assert outcome in ("Success", "Succeeded"), f"backfill {backfill}: {outcome}"  # not "Failed" (completed with failures)
-    # Both of the embedded family's partitions are now materialised; no other family's is.
-    text = _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", "Materialized (2)")
+    # Every one of the embedded family's partitions is now materialised; no other family's is.
+    text = _open(driver, f"{base}/assets/pilot_trial_table?view=partitions", f"Materialized ({len(DEPTHS)})")
     _shot(driver, "pilot_trial_table_backfilled")
     # The UI screenshot in the README (refreshed on request, so a test run leaves the tree clean).
     if os.environ.get("FEAR_UPDATE_DOCS_SCREENSHOT") == "1":

@@ -132,3 +132,52 @@ def test_two_builds_are_byte_identical(settings, bank, grid):
     again = build_grid(settings, bank, PRIMARY)
     digest = lambda df: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
     assert digest(again) == digest(grid)
+
+
+# -- a reduced design's thinned depth (issue 26: the demo's third depth at one rotation) -------
+def _thinned(settings, kept: dict):
+    """The embedded family with ``kept`` (depth key -> rotations) as its thinned depths."""
+    import dataclasses
+
+    family = settings.family(EMBEDDED)
+    reduced = dataclasses.replace(family.reduced_design, rotations_by_depth=kept)
+    thinned = dataclasses.replace(family, reduced_design=reduced)
+    return dataclasses.replace(settings, families={**settings.families, EMBEDDED: thinned})
+
+
+@pytest.mark.parametrize("kept", [{"d3": (1,)}, {"d3": (2, 3)}, {"d1": (3,), "d3": (1, 2)}])
+def test_a_thinned_depth_keeps_4_3s_option_balance_and_the_accounting_closes(settings, bank, kept):
+    thinned = _thinned(settings, kept)
+    grid = build_grid(thinned, bank, EMBEDDED)
+    per_rotation = grid[grid.block_kind != "binding"]  # binding: 40 registered documents, its own deal (4.2)
+    for depth, rotations in kept.items():
+        assert set(per_rotation.loc[per_rotation.depth == depth, "rotation"]) == set(rotations), depth
+    full = per_rotation[~per_rotation.depth.isin(list(kept))]
+    assert set(full.rotation) == set(settings.rotations)
+    for block in ("pilot_primary", "pilot_probe_other_option", "primary"):
+        rows = grid[grid.block == block]
+        # 4.3: within every cell and depth each option is shown equally often (3 of 6 unthinned).
+        shown = rows.groupby(["item_id", "cell_index", "depth_index"]).content_option.agg(
+            lambda s: ((s == 1).sum(), (s == 2).sum()))
+        assert all(a == b > 0 for a, b in shown), (block, shown[[a != b for a, b in shown]])
+        # The option is still not a function of order and depth across the cells of a unit.
+        assert (rows.groupby(["item_id", "rotation", "order", "depth_index"]).content_option.nunique() == 2).all()
+    # The accounting counts each depth at its own rotations and says which depth is thinned.
+    selection = registered_selection(thinned, bank, thinned.family(EMBEDDED))
+    accounting = trial_accounting(thinned, EMBEDDED, selection, mask(grid, assignment_key(thinned, EMBEDDED)))
+    assert (accounting.status != "MISMATCH").all(), accounting[accounting.status == "MISMATCH"]
+    primary = accounting.set_index("block").loc["pilot_primary"]
+    n_rot = sum(len(kept.get(f"d{d}", settings.rotations)) for d in (1, 2, 3))
+    assert primary.expected_rows == primary.actual_rows == 1 * 6 * n_rot * 2
+    assert "reduced design" in primary.formula and all(d in primary.formula for d in kept)
+    # A thinned table that lost one of its documents is caught.
+    broken = mask(grid, assignment_key(thinned, EMBEDDED)).iloc[1:]
+    assert (trial_accounting(thinned, EMBEDDED, selection, broken).status == "MISMATCH").any()
+
+
+def test_a_depth_thinned_to_one_rotation_orders_rows_as_the_full_design_does(settings, bank):
+    """Thinning drops rows and reorders none: the unthinned depths' rows are the full design's."""
+    full = build_grid(_thinned(settings, {}), bank, EMBEDDED)
+    thinned = build_grid(_thinned(settings, {"d3": (1,)}), bank, EMBEDDED)
+    keep = (full.depth != "d3") | (full.rotation == 1) | (full.block_kind == "binding")
+    pd.testing.assert_frame_equal(full[keep].reset_index(drop=True), thinned)

@@ -34,7 +34,8 @@ def test_the_embedded_family_has_no_partition_outside_its_design_and_a_registere
             depths = settings.family(family).depth_keys
             assert {k for k in keys if split_partition_key(k).family == family} == \
                 {f"{d}|{family}" for d in depths}, (name, family)
-        assert "d3|smollm2-135m" not in keys and "d8|qwen2.5-7b" in keys
+        outside = f"d{len(settings.family(EMBEDDED).depth_keys) + 1}|{EMBEDDED}"
+        assert outside not in keys and "d8|qwen2.5-7b" in keys
     assert len(settings.family(EMBEDDED).depth_keys) < len(settings.family(REGISTERED).depth_keys)
 
 

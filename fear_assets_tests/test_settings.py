@@ -29,8 +29,11 @@ def test_families_and_depth_sets_follow_decisions_1(settings):
     assert settings.family("qwen2.5-7b").judge == "mistralai/Mistral-7B-Instruct-v0.3"
     embedded = settings.family("smollm2-135m")
     assert embedded.base is None and embedded.reduced_design is not None
-    # The embedded demo registers a reduced design of two depths (its time budget).
-    assert embedded.depth_keys == ("d1", "d2") and embedded.depth_tokens == (0, 128)
+    # The embedded demo registers a reduced design of three depths, the deepest thinned to one
+    # name rotation (its time budget; issue 26).
+    assert embedded.depth_keys == ("d1", "d2", "d3") and embedded.depth_tokens == (0, 128, 512)
+    assert embedded.reduced_design.rotations_by_depth == {"d3": (1,)}
+    assert embedded.rotations_at(3, settings.rotations) == (1,) and embedded.rotations_at(2, settings.rotations) == (1, 2, 3)
     assert not embedded.reduced_design.examine_reserves
     assert embedded.reduced_design.branches["pilot_content_removed"] == ("forced_choice",)
 
@@ -60,6 +63,10 @@ def _write(tmp_path: Path, mutate) -> Path:
     (lambda r: r["power"].update(scenarios=["meaningful", None]), "scenarios"),  # an unquoted `null`
     (lambda r: r["power"]["demo"]["sampler"].update(draws=0), "draws"),  # nested: power.demo.sampler
     (lambda r: r["power"].update(demo=5), "demo"),
+    # a thinned depth the family does not have, a rotation that is not registered, no rotation
+    (lambda r: r["families"]["smollm2-135m"]["reduced_design"].update(rotations_by_depth={"d4": [1]}), "d4"),
+    (lambda r: r["families"]["smollm2-135m"]["reduced_design"].update(rotations_by_depth={"d3": [4]}), "d3"),
+    (lambda r: r["families"]["smollm2-135m"]["reduced_design"].update(rotations_by_depth={"d3": []}), "d3"),
 ])
 def test_bad_settings_name_file_field_and_fix(tmp_path, mutate, field):
     path = _write(tmp_path, mutate)

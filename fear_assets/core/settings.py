@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -174,10 +174,19 @@ class ReducedDesign:
     rehearsal: bool = False
     #: The reduced power simulation of a rehearsal (``power.demo``'s fields; None: the registered one).
     power: Any = None
+    #: depth key -> the name rotations documents are built at there (a depth not named keeps every
+    #: registered rotation). Thinning by rotation keeps both orders, and the option rule gives a
+    #: rotation's two orders the two options (rotation-by-order indices k and k + 3), so every cell
+    #: and depth still shows each option equally often (4.3).
+    rotations_by_depth: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def scores(self, block: str) -> bool:
         """Whether the design scores ``block``."""
         return self.scored_blocks is None or block in self.scored_blocks
+
+    def rotations_at(self, depth: str, registered: Sequence[int]) -> tuple[int, ...]:
+        """The name rotations documents at ``depth`` are built under."""
+        return self.rotations_by_depth.get(depth, tuple(sorted(registered)))
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,13 @@ class Family:
 
     def tokens_at(self, depth_index: int) -> int:
         return self.depth_tokens[depth_index - 1]
+
+    def rotations_at(self, depth_index: int, registered: Sequence[int]) -> tuple[int, ...]:
+        """The name rotations this family's documents at ``depth_index`` are built under: every
+        registered rotation, unless a reduced design thins that depth (``rotations_by_depth``)."""
+        if self.reduced_design is None:
+            return tuple(sorted(registered))
+        return self.reduced_design.rotations_at(depth_key(depth_index), registered)
 
     @property
     def deepest_index(self) -> int:
@@ -557,6 +573,30 @@ def _branches(path: Path, spec: Mapping[str, Any], where: str) -> dict[str, tupl
     return out
 
 
+def _rotations_by_depth(path: Path, spec: Any, where: str, n_depths: int) -> dict[str, tuple[int, ...]]:
+    """A reduced design's thinned depths: each key one of the family's depth keys, each value a
+    non-empty list of registered rotation numbers (checked against ``names.rotations`` once
+    the whole file is read)."""
+    if not isinstance(spec, Mapping):
+        raise SettingsError(path, where, "rotations_by_depth", f"{spec!r} is not a mapping",
+                            "write depth key -> rotations, e.g. {d3: [1]}")
+    keys = [depth_key(i) for i in range(1, n_depths + 1)]
+    out = {}
+    for depth, rotations in spec.items():
+        if depth not in keys:
+            raise SettingsError(path, f"{where}.rotations_by_depth", str(depth),
+                                f"{depth!r} is not a depth of this family (its depths: {', '.join(keys)})",
+                                "name a depth key of the family's depth_tokens, e.g. d3")
+        if (not isinstance(rotations, list) or not rotations
+                or not all(isinstance(r, int) and not isinstance(r, bool) for r in rotations)
+                or len(set(rotations)) != len(rotations)):
+            raise SettingsError(path, f"{where}.rotations_by_depth", depth,
+                                f"{rotations!r} is not a non-empty list of distinct rotation numbers",
+                                "list the rotations kept at that depth, e.g. [1]")
+        out[depth] = tuple(sorted(rotations))
+    return out
+
+
 def _depth_tokens_rule_broken(depths: list) -> tuple[str, str] | None:
     """(problem, fix) for the first rule a depth list breaks, each rule checked on its own, so the
     message names the rule actually broken (a negative count is not "not increasing")."""
@@ -613,6 +653,7 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
             examine_reserves=bool(reduced.get("examine_reserves", True)),
             rehearsal=bool(reduced.get("rehearsal", False)),
             power=PowerDemo.from_mapping(path, f"{here}.power", power) if power is not None else None,
+            rotations_by_depth=_rotations_by_depth(path, reduced.get("rotations_by_depth") or {}, here, len(depths)),
         )
     base = spec.get("base")
     return Family(
@@ -843,6 +884,15 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
                                 "give each rotation as the indices of (self, peer, person) in the selected names")
     name_rules = Names(registered_order=tuple(order), selected_count=count, roles_of_selected=tuple(roles),
                        rotations={int(k): tuple(v) for k, v in rotations.items()})
+    for family in families.values():
+        thinned = family.reduced_design.rotations_by_depth if family.reduced_design else {}
+        for depth, kept in thinned.items():
+            unregistered = [r for r in kept if r not in name_rules.rotations]
+            if unregistered:
+                raise SettingsError(path, f"families.{family.key}.reduced_design.rotations_by_depth", depth,
+                                    f"rotation(s) {unregistered} are not registered (names.rotations: "
+                                    f"{', '.join(map(str, sorted(name_rules.rotations)))})",
+                                    "list registered rotation numbers only")
 
     bank = _bank_rules(path, raw["bank"])
 

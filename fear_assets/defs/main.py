@@ -295,7 +295,8 @@ def run(duckdb_path: str | None = None) -> int:
     if spec.reduced_design:
         rd = spec.reduced_design
         print(f"  REDUCED DESIGN: {rd.reason}")
-        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens; pilot frames "
+        thinned = "".join(f" ({d} at name rotation {', '.join(map(str, r))} only)" for d, r in rd.rotations_by_depth.items())
+        print(f"  depths {dict(zip(spec.depth_keys, spec.depth_tokens))} tokens{thinned}; pilot frames "
               f"{', '.join(rd.pilot_frames or ('the registered set',))}; {rd.confirmatory_frames_per_fear} "
               f"confirmatory frame(s) per fear; scored blocks {', '.join(rd.scored_blocks or ('every block',))}")
         print("  The confirmatory stage reuses this reduced design: it scores no confirmatory block, so the "

@@ -20,7 +20,16 @@ ACCOUNTING_COLUMNS = ["family", "block", "kind", "frames", "n_frames", "expected
                       "expected_per_code", "codes", "codes_off", "status", "formula"]
 
 
-def _formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) -> str:
+def _formula(settings: ProtocolSettings, block, family, n_frames: int, depths: list[int]) -> str:
+    """The count formula in words, naming any depth a reduced design builds at fewer rotations
+    (rotations x depths then counts each depth's own rotations)."""
+    thinned = [f"d{d} at rotation {', '.join(map(str, kept))} only" for d in depths
+               if len(kept := family.rotations_at(d, settings.rotations)) < len(settings.rotations)]
+    suffix = f" (reduced design: {'; '.join(thinned)})" if thinned and block.kind != "binding" else ""
+    return _registered_formula(settings, block, n_frames, len(depths)) + suffix
+
+
+def _registered_formula(settings: ProtocolSettings, block, n_frames: int, n_depths: int) -> str:
     n_rot, n_order = len(settings.rotations), len(settings.orders)
     unit = "events" if block.frames in settings.bank.event_classes else "frames"
     if block.kind == "binding":
@@ -60,7 +69,7 @@ def trial_accounting(settings: ProtocolSettings, family_key: str, selection: Fra
         part = table[table["block"] == block.name]
         applies = block_applies(block, family)
         expected = expected_block_rows(settings, block, family, n_frames, depths_present)
-        n_depths = len([d for d in block_depths(block, family) if d in depths_present])
+        depths = [d for d in block_depths(block, family) if d in depths_present]
         codes = part.groupby("condition_code").size() if len(part) else pd.Series(dtype="int64")
         if block.kind == "agent":
             per_code = expected // max(1, len(settings.cell_set(block.cells)))
@@ -78,7 +87,7 @@ def trial_accounting(settings: ProtocolSettings, family_key: str, selection: Fra
             "n_frames": n_frames, "expected_rows": expected, "actual_rows": len(part),
             "expected_per_code": per_code, "codes": len(codes), "codes_off": codes_off,
             "status": ("ok" if ok else "MISMATCH") if applies else ("not applicable" if len(part) == 0 else "MISMATCH"),
-            "formula": _formula(settings, block, n_frames, n_depths) if applies else
+            "formula": _formula(settings, block, family, n_frames, depths) if applies else
             f"not applicable: family {family_key} registers no {block.reader} checkpoint",
         })
     known = {b.name for b in settings.blocks}

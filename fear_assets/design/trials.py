@@ -163,16 +163,17 @@ def expected_block_rows(settings: ProtocolSettings, block: Block, family: Family
     """The registered count formula for one block (D2), optionally at some depths only."""
     if not block_applies(block, family):
         return 0
-    depths = block_depths(block, family)
-    n_depths = len([d for d in depths if depth_indices is None or d in set(depth_indices)])
-    n_rot, n_order = len(settings.rotations), len(settings.orders)
+    depths = [d for d in block_depths(block, family) if depth_indices is None or d in set(depth_indices)]
+    # Rotations summed over the depths: a reduced design may build a depth at fewer rotations.
+    rotation_depths = sum(len(family.rotations_at(d, settings.rotations)) for d in depths)
+    n_order = len(settings.orders)
     if block.kind == "binding":
-        return int(settings.design.binding_in_context_documents) if n_depths else 0
+        return int(settings.design.binding_in_context_documents) if depths else 0
     if block.kind == "baseline":
-        return n_frames * n_rot * n_depths * (n_order if baseline_per_order(block) else 1)
+        return n_frames * rotation_depths * (n_order if baseline_per_order(block) else 1)
     if block.kind == "no_agent":
-        return n_frames * n_rot * n_order * n_depths
-    return n_frames * len(settings.cell_set(block.cells)) * n_rot * n_order * n_depths
+        return n_frames * rotation_depths * n_order
+    return n_frames * len(settings.cell_set(block.cells)) * rotation_depths * n_order
 
 
 def _row(family: Family, block: Block, item: Item, depth_index: int, **values) -> dict:
@@ -201,6 +202,8 @@ def _expand_block(settings: ProtocolSettings, family: Family, block: Block, item
     for item in items:
         for rotation in rotations:
             for depth_index in depths:
+                if rotation not in family.rotations_at(depth_index, rotations):
+                    continue  # a depth the reduced design builds at fewer rotations
                 if block.kind == "baseline":
                     for order in (orders if baseline_per_order(block) else [None]):
                         # order None: the baseline does not depend on it (its row keeps order 0).
