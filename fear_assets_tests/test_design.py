@@ -181,3 +181,25 @@ def test_a_depth_thinned_to_one_rotation_orders_rows_as_the_full_design_does(set
     thinned = build_grid(_thinned(settings, {"d3": (1,)}), bank, EMBEDDED)
     keep = (full.depth != "d3") | (full.rotation == 1) | (full.block_kind == "binding")
     pd.testing.assert_frame_equal(full[keep].reset_index(drop=True), thinned)
+
+
+def test_the_power_simulation_simulates_a_thinned_depth_as_the_family_builds_it(settings, bank):
+    """6.3 simulates the design the family runs: a reduced design's thinned depth has the same
+    rotation x order x depth x cell combinations in the simulated design as in the trial table."""
+    from fear_assets.simulation.design import simulated_design
+
+    thinned = _thinned(settings, {"d3": (1,)})
+    family = thinned.family(EMBEDDED)
+    rotations_at = {i: family.rotations_at(i, thinned.rotations) for i in range(1, family.deepest_index + 1)}
+    design = simulated_design(thinned, family.depth_keys, ["d2", "d3"], 5, (0.2, 0.2), seed=1,
+                              rotations_at=rotations_at)
+    combos = ["rotation", "order", "depth", "agent", "content", "option"]
+    simulated = design.table[design.table.frame == "S001"][combos]
+    grid = build_grid(thinned, bank, EMBEDDED)
+    built = grid[grid.block == "pilot_primary"].rename(columns={"content_option": "option"})[combos]
+    key = lambda t: sorted(map(tuple, t.astype(str).to_numpy()))  # noqa: E731
+    assert key(simulated) == key(built)
+    assert set(design.addressee.table.loc[design.addressee.table.depth == "d3", "rotation"]) == {1}
+    # Unthinned, every depth has every rotation (the registered families' simulation is unchanged).
+    full = simulated_design(thinned, family.depth_keys, ["d2", "d3"], 5, (0.2, 0.2), seed=1)
+    assert len(full.table) == len(design.table) * 9 // 7 and set(full.table.rotation) == {1, 2, 3}

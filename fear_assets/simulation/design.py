@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -33,10 +33,11 @@ class AddresseeDesign:
     band: tuple[str, ...]
 
 
-def addressee_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int, seed: int
-                     ) -> AddresseeDesign:
+def addressee_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int, seed: int,
+                     rotations_at: Mapping[int, Sequence[int]] | None = None) -> AddresseeDesign:
     """The addressee control's block: its own registered cells, no surprisal covariates (4.6)."""
-    table = design_table(settings, depth_keys, n_frames, list(settings.fears), (), seed, cell_set="control_addressee")
+    table = design_table(settings, depth_keys, n_frames, list(settings.fears), (), seed, cell_set="control_addressee",
+                         rotations_at=rotations_at)
     levels = levels_of(table, settings.fears, ADDRESSEE_AGENTS)
     d = prepare(table.assign(outcome=0.0), levels, outcome="outcome", covariates=())
     return AddresseeDesign(table, d, tuple(band))
@@ -61,10 +62,13 @@ class SimulatedDesign:
 
 
 def design_table(settings, depth_keys: Sequence[str], n_frames: int, fears: Sequence[str],
-                 covariate_sd: Sequence[float], seed: int, cell_set: str = "primary") -> pd.DataFrame:
+                 covariate_sd: Sequence[float], seed: int, cell_set: str = "primary",
+                 rotations_at: Mapping[int, Sequence[int]] | None = None) -> pd.DataFrame:
     """One row per trial: frame x rotation x order x depth x cell (D2's primary block, or the
     block of registered cell set ``cell_set``: the addressee control's own cells), with the
-    forced-choice listing order of 4.1/4.5 (H5's position term)."""
+    forced-choice listing order of 4.1/4.5 (H5's position term). ``rotations_at`` (depth index
+    -> rotations) is a reduced design's thinned depths, simulated as the family builds them
+    (``Family.rotations_at``); a depth not in it has every registered rotation."""
     if n_frames <= 0 or n_frames % len(fears):
         raise ValueError(f"frame count {n_frames} must be a positive multiple of the {len(fears)} fear classes "
                          f"(6.3 adds frames in blocks of 10, 2 per fear): pass one of 50, 60, ... 100")
@@ -73,6 +77,8 @@ def design_table(settings, depth_keys: Sequence[str], n_frames: int, fears: Sequ
     rows = []
     for f, rotation, order, (k, depth) in itertools.product(range(n_frames), sorted(settings.rotations),
                                                              settings.orders, enumerate(depth_keys, start=1)):
+        if rotations_at is not None and rotation not in rotations_at.get(k, (rotation,)):
+            continue
         frame = f"S{f + 1:03d}"
         fear = fears[f % len(fears)]
         for cell_index, (agent, content) in enumerate(cells, start=1):
@@ -94,7 +100,8 @@ def levels(settings, depth_keys: Sequence[str], fears: Sequence[str]) -> dict[st
 
 
 def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n_frames: int,
-                     covariate_sd: Sequence[float], seed: int, h5_depth: str | None = None) -> SimulatedDesign:
+                     covariate_sd: Sequence[float], seed: int, h5_depth: str | None = None,
+                     rotations_at: Mapping[int, Sequence[int]] | None = None) -> SimulatedDesign:
     """The design at ``n_frames`` frames over ``depth_keys`` (the family's registered depths);
     ``band`` is the registered depth band over which H1-H3 are averaged; ``h5_depth`` the
     registered H5 depth (None: the band's deepest depth, the pilot's rule not yet run)."""
@@ -102,10 +109,10 @@ def simulated_design(settings, depth_keys: Sequence[str], band: Sequence[str], n
     missing = [b for b in band if b not in depth_keys]
     if missing:
         raise ValueError(f"band depths {missing} are not among the design's depths {list(depth_keys)}")
-    table = design_table(settings, depth_keys, n_frames, fears, covariate_sd, seed)
+    table = design_table(settings, depth_keys, n_frames, fears, covariate_sd, seed, rotations_at=rotations_at)
     d = prepare(table.assign(delta=0.0), levels(settings, depth_keys, fears))
     h5 = h5_depth if h5_depth is not None else list(band)[-1]
     if h5 not in depth_keys:
         raise ValueError(f"H5 depth {h5!r} is not among the design's depths {list(depth_keys)}")
-    addressee = addressee_design(settings, depth_keys, band, n_frames, seed)
+    addressee = addressee_design(settings, depth_keys, band, n_frames, seed, rotations_at)
     return SimulatedDesign(table, d, tuple(band), n_frames, addressee, h5)

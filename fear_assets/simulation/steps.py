@@ -147,8 +147,11 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
     datasets = range(batch * size, min(view.power_datasets, (batch + 1) * size))
     est = PilotEstimates.from_dict(json.loads(estimates["estimates_json"].iloc[0]))
     band = DepthBand.parse(estimates["band"].iloc[0]).keys
+    # A reduced design's thinned depths are simulated as the family builds them.
+    rotations_at = {i: view.family.rotations_at(i, settings.rotations) for i in range(1, view.family.deepest_index + 1)}
     design = simulated_design(settings, view.family.depth_keys, band, frames, est.covariate_sd,
-                              view.seed("power", family_key, "design", frames, 0, "covariates"))
+                              view.seed("power", family_key, "design", frames, 0, "covariates"),
+                              rotations_at=rotations_at)
     fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
     reduced = view.power_reduction
