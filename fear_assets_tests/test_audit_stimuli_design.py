@@ -361,6 +361,9 @@ def test_audit_secondary_class_estimands_single_cell(settings, bank):
     rows = {r["contrast"]: r for r in class_rows(blocks, "", 0.99, 0.15)}
     for cls, mean in (("generic_aversive", 0.4), ("surprise_only", 0.1)):
         assert rows[f"class_{cls}"]["status"] == "descriptive"
-        assert f"over {2 * 1 * 3 * 2 * 2} trials" in rows[f"class_{cls}"]["note"]
+        # events x cell x (rotations summed over the depths: the demo thins d3) x orders
+        family = settings.family(EMBEDDED)
+        rotation_depths = sum(len(family.rotations_at(d, settings.rotations)) for d in range(1, family.deepest_index + 1))
+        assert f"over {2 * 1 * rotation_depths * 2} trials" in rows[f"class_{cls}"]["note"]
         assert rows[f"class_{cls}"]["mean"] == pytest.approx(mean, abs=0.03)
     assert rows["surprise_only_matches_threat"]["mean"] == pytest.approx(-0.3, abs=0.04)

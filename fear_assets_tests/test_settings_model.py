@@ -60,8 +60,9 @@ CASES = [
      "models.google/gemma-2-9b", "dtyp", "did you mean 'dtype'?"),
     ("rope is not +-sesoi", "rope: [-0.15, 0.15]", "rope: [-0.2, 0.2]", "decision", "rope",
      "write decision.rope as [-0.15, 0.15]"),
-    ("min_depths above a family's depths", "  min_depths: 2", "  min_depths: 3", "depth_band", "min_depths",
-     "register at most 2"),
+    # the embedded demo's three depths are the fewest any family has
+    ("min_depths above a family's depths", "  min_depths: 2", "  min_depths: 4", "depth_band", "min_depths",
+     "register at most 3"),
     ("unregistered scored block", "scored_blocks: [pilot_primary,", "scored_blocks: [pilot_primry,",
      "families.smollm2-135m.reduced_design", "scored_blocks", "did you mean 'pilot_primary'"),
     ("unregistered branch block", "        pilot_content_removed: [forced_choice]",
