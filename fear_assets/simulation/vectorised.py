@@ -28,7 +28,7 @@ model, and they import PyMC inside.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -44,12 +44,17 @@ class Reference:
 @dataclass
 class JaxifiedModel:
     """The registered model's log density of (flat unconstrained parameters, outcome vector)
-    and the layout of the flat vector."""
+    and the layout of the flat vector. ``observed``: the observed variables whose data are the
+    outcome input, in order, with their lengths (``rows``) and dtypes; with several, the
+    outcome vector is their data concatenated."""
     logdensity: Callable
     names: list
     shapes: list
     sizes: list
     x0: np.ndarray
+    observed: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    y0: np.ndarray | None = None  # the outcome the model was built with
 
     @property
     def dim(self) -> int:
@@ -59,32 +64,111 @@ class JaxifiedModel:
         offsets = np.cumsum([0] + self.sizes)
         return {n: slice(int(offsets[i]), int(offsets[i + 1])) for i, n in enumerate(self.names)}
 
+    def point(self, x: np.ndarray) -> dict:
+        """A flat vector as PyMC's point dict (value variables by name)."""
+        return {n: np.asarray(x[s]).reshape(sh) for (n, s), sh in zip(self.slices().items(), self.shapes)}
 
-def jaxified_logdensity(model) -> JaxifiedModel:
-    """PyMC's own JAX graph of ``model.logp(jacobian=True)`` with the observed outcome ``y``
-    replaced by an input (same graph, same priors). Imports PyMC and PyTensor."""
+
+def _register_erfcx() -> None:
+    """A JAX implementation of PyTensor's ``erfcx`` (H5's probit log-likelihood uses it; PyTensor
+    ships one only through TensorFlow Probability, which no host here has): exp(x^2) erfc(x)
+    up to x = 25 (erfc still a normal float there), the asymptotic series beyond (its first
+    omitted term < 1e-14 relative), and PyTensor's own derivative 2 x erfcx(x) - 2 / sqrt(pi),
+    so the gradient is the one PyTensor differentiates symbolically."""
+    import jax
+    import jax.numpy as jnp
+    from pytensor.link.jax.dispatch import jax_funcify
+    from pytensor.scalar.math import Erfcx
+
+    @jax.custom_jvp
+    def erfcx(x):
+        big = x > 25.0
+        xs = jnp.where(big, 25.0, x)
+        direct = jnp.exp(xs * xs) * jax.scipy.special.erfc(xs)
+        xb = jnp.where(big, x, 26.0)
+        u = 1.0 / (xb * xb)
+        series = 1.0 + u * (-0.5 + u * (0.75 + u * (-1.875 + u * (6.5625 + u * -29.53125))))
+        return jnp.where(big, series / (xb * np.sqrt(np.pi)), direct)
+
+    @erfcx.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = erfcx(x)
+        return y, (2.0 * x * y - 2.0 / np.sqrt(np.pi)) * t
+
+    jax_funcify.register(Erfcx)(lambda op, **kwargs: erfcx)
+
+
+def jaxified_logdensity(model, observed: Sequence[str] | None = None) -> JaxifiedModel:
+    """PyMC's own JAX graph of ``model.logp(jacobian=True)`` with the data of the observed
+    variables (all of them, or those named in ``observed``) replaced by inputs: the same graph
+    and priors, whatever the model (a data container or constant data, any dtype). Every
+    registered analysis model goes through here; none is written twice. Imports PyMC and
+    PyTensor."""
     import pytensor
     import pytensor.tensor as pt
     from pymc.sampling.jax import get_jaxified_graph
 
-    y_in = pt.vector("y_in")
-    logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), {model["y"]: y_in}, strict=False)
+    _register_erfcx()
+    rvs = list(model.observed_RVs) if observed is None else [model[n] for n in observed]
+    if not rvs:
+        raise ValueError("the model has no observed variable: nothing to make an input of")
+    data = [model.rvs_to_values[rv] for rv in rvs]
+    if any(d.ndim != 1 for d in data):
+        raise ValueError(f"observed data of {[rv.name for rv in rvs]} must be vectors (one value per trial)")
+    inputs = [pt.vector(f"{rv.name}_in", dtype=d.dtype) for rv, d in zip(rvs, data)]
+    logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), dict(zip(data, inputs)), strict=False)
     values = model.value_vars
-    fn = get_jaxified_graph(inputs=[*values, y_in], outputs=[logp])
+    fn = get_jaxified_graph(inputs=[*values, *inputs], outputs=[logp])
     point = model.initial_point()
     names = [v.name for v in values]
     shapes = [np.asarray(point[n]).shape for n in names]
     sizes = [int(np.prod(s)) for s in shapes]
+    y_parts = [np.asarray(d.get_value() if hasattr(d, "get_value") else d.data) for d in data]
+    rows = [len(p) for p in y_parts]
+    dtypes = [d.dtype for d in data]
 
     def logdensity(x, y):
         parts, i = [], 0
         for n, sh in zip(sizes, shapes):
             parts.append(x[i:i + n].reshape(sh))
             i += n
-        return fn(*parts, y)[0]
+        ys, j = [], 0
+        for n, dt in zip(rows, dtypes):
+            # the outcome travels as floats (one batched array); an integer observation (a
+            # choice) is cast back to the model's dtype, exactly as its 0/1 values
+            ys.append(y[j:j + n].astype(dt))
+            j += n
+        return fn(*parts, *ys)[0]
 
     x0 = np.concatenate([np.asarray(point[n], dtype=float).reshape(-1) for n in names])
-    return JaxifiedModel(logdensity, names, shapes, sizes, x0)
+    y0 = np.concatenate([p.astype(float) for p in y_parts])
+    return JaxifiedModel(logdensity, names, shapes, sizes, x0, [rv.name for rv in rvs], rows, y0)
+
+
+def check_logdensity(model, jm: JaxifiedModel, points: np.ndarray, y: np.ndarray | None = None) -> dict:
+    """Largest differences between ``jm``'s log density and gradient (in-process JAX, float64)
+    and PyMC's own compiled ``model.compile_logp()`` / ``compile_dlogp()`` at ``points`` (n,
+    dim), the JAX side given ``y`` (default: the outcome the model holds): absolute, and
+    relative (|diff| / max(1, |logp|); the gradient normwise, / max(1, max |dlogp|))."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    logp, dlogp = model.compile_logp(jacobian=True), model.compile_dlogp(jacobian=True)
+    yj = jnp.asarray(jm.y0 if y is None else y, dtype=jnp.float64)
+    vg = jax.jit(jax.value_and_grad(lambda x: jm.logdensity(x, yj)))
+    out = {"logp": 0.0, "dlogp": 0.0, "logp_rel": 0.0, "dlogp_rel": 0.0}
+    for x in np.asarray(points, dtype=float):
+        v, g = vg(jnp.asarray(x))
+        point = jm.point(x)
+        lp, dlp = float(logp(point)), np.asarray(dlogp(point))
+        out["logp"] = max(out["logp"], abs(lp - float(v)))
+        out["dlogp"] = max(out["dlogp"], float(np.max(np.abs(dlp - np.asarray(g)))))
+        out["logp_rel"] = max(out["logp_rel"], abs(lp - float(v)) / max(1.0, abs(lp)))
+        out["dlogp_rel"] = max(out["dlogp_rel"],
+                               float(np.max(np.abs(dlp - np.asarray(g))) / max(1.0, np.max(np.abs(dlp)))))
+    return out
 
 
 def export_logdensity(logdensity: Callable, dim: int, rows: int, dtype=np.float64,
