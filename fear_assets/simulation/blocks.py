@@ -90,13 +90,15 @@ def _hypotheses(d, band: Sequence[str]) -> Callable[[object], dict[str, np.ndarr
 
 
 def simulate_blocks(design: SimulatedDesign, est: PilotEstimates, rules, family: str, scenario: str, dataset: int,
-                    master_seed: int, blocks: Sequence[str], fixed_sd: float, skip: Mapping[str, str] = ()
+                    master_seed: int, blocks: Sequence[str], fixed_sd: float | None, skip: Mapping[str, str] = ()
                     ) -> dict[str, BlockData]:
     """Every block of ``blocks`` of one dataset (in ``PRIMARY_MODEL_BLOCKS`` order; a block whose
     contrast is in ``skip`` is left out), each drawn from its own seeded generator. ``rules``:
     ``runner.Rules``; ``fixed_sd``: the registered fixed-effect prior sd (the controls'
     condition factor's). Pure: the same inputs give the same data."""
     check_blocks(blocks)
+    if fixed_sd is None and any(b.startswith("control_") for b in blocks):
+        raise ValueError("the controls' blocks need the registered fixed-effect prior sd: pass fixed_sd")
     size = scenario_size(scenario, {"meaningful": rules.meaningful, "sesoi": rules.sesoi})
     d0, band, n = design.data, list(design.band), design.n_frames
     fears = list(d0.levels["fear"])

@@ -128,8 +128,10 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
     n = design.n_frames
     seed_of = lambda block: dataset_seed(master_seed, family, scenario, n, dataset, "fit:" + block)  # noqa: E731
     rows: list[dict] = []
-    simulated = simulate_blocks(design, est, rules, family, scenario, dataset, master_seed, blocks,
-                                fitter.priors.fixed_sd, not_simulated(est, blocks))
+    # the controls' condition factor takes the fitter's fixed-effect prior sd; no other block reads it
+    fixed_sd = fitter.priors.fixed_sd if any(b.startswith("control_") for b in blocks) else None
+    simulated = simulate_blocks(design, est, rules, family, scenario, dataset, master_seed, blocks, fixed_sd,
+                                not_simulated(est, blocks))
     for block, b in simulated.items():
         if b.kind == "h5":
             # The H5 model holds its data as constants (no data containers): compiled per dataset.
