@@ -132,8 +132,8 @@ def simulate_blocks(design: SimulatedDesign, est: PilotEstimates, rules, family:
         elif block == "control_addressee_name":
             table = models.addressee_table(design.addressee, est, est.controls["addressee_name"], rules.inflation, rng)
             d = control_data("addressee_name", table, table, fears, fixed_sd)
-            out[block] = BlockData(block, "primary", d, (lambda dd: lambda idata: {
-                block: control_contrast("addressee_name", idata, dd, band)})(d))
+            out[block] = BlockData(block, "primary", d, (lambda dd, b: lambda idata: {
+                b: control_contrast("addressee_name", idata, dd, band)})(d, block))
         elif block == "judge":
             sigma_t = models.pilot_residual_sd(est)
             sigma_j = sigma_t if est.judge_sigma is None else float(est.judge_sigma)
