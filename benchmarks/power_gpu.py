@@ -119,6 +119,7 @@ def export(args) -> int:
         "dataset_seeds": "runner.dataset_seed(master_seed, 'bench', 'meaningful', frames, i, 'primary'), i = -1 (reference), 0..K-1",
         "master_seed": settings.master_seed, "settings_sha256": settings.sha256,
         "sampler": {"draws": sampler.draws, "tune": sampler.tune, "chains": sampler.chains},
+        "simulation_sampler": dict(vars(settings.simulation_sampler)),
         "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min, "ess_tail_min": conv.ess_tail_min,
                         "divergences_max": conv.divergences_max},
         "hdi_prob": settings.decision.hdi_prob,
@@ -180,7 +181,7 @@ def run(args) -> int:
     Y_all = arr["Y"].astype(np.float64)
     y_ref, W, c = arr["y_ref"], arr["contrast_W"], arr["contrast_c"]
     draws = args.draws or manifest["sampler"]["draws"]
-    chains = manifest["sampler"]["chains"]
+    chains = args.chains or manifest["sampler"]["chains"]
     conv = manifest["convergence"]
     target = conv["ess_bulk_min"]
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
@@ -255,10 +256,21 @@ def run(args) -> int:
         time_batch(b)
 
     # (c) reference adaptation on the reference dataset
-    sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
     tm = {}
-    ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
+    if args.algorithm == "chees_hmc":
+        # jittered fixed-length HMC tuned once (ChEES) on pilot datasets (the last rows of Y), then frozen
+        sampler = vec.BatchedChEES(ld, dim, arr["x0"], arr["keep_idx"])
+        pilot = Y_all[-args.pilot_datasets:]
+        ref = sampler.tune(pilot, manifest["master_seed"], args.adapt, chains, timings=tm)
+        _fit = sampler.fit_kept
+        sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
+            **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
+    else:
+        sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
+        ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
+                          "algorithm": args.algorithm,
+                          "trajectory_length": getattr(ref, "trajectory_length", None),
                           "dense": args.dense}
     save("c_reference")
 
@@ -391,7 +403,7 @@ def validate(args) -> int:
     rules, priors, h5p = Rules.from_settings(settings), Priors.from_settings(settings), H5Priors.from_settings(settings)
     s = settings.simulation_sampler
     if args.quick:
-        frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = 10, 2, 16, 100, 2000, 100, 500, 500
+        frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = 5, 2, 8, 100, 1000, 100, 400, 300
     else:
         frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = (args.frames, args.depths, args.datasets,
                                                                             args.sbc_draws, 4000, s.warmup, s.draws,
@@ -417,6 +429,8 @@ def validate(args) -> int:
         t = time.perf_counter()
         tuned = acc.tune(prog, Y[K:], sampler, seed)
         tune_s = time.perf_counter() - t
+        print(f"[{time.perf_counter() - t_start:.0f} s] {block}: tuned in {tune_s:.0f} s: {tuned.params.step_size:.4g} "
+              f"x {getattr(tuned.params, 'trajectory_length', float('nan')):.3g}", flush=True)
         fit = acc.fit_batch(tuned, Y[:K], seed + 1, warmup, draws)
         short = acc.contrast_draws(prog, fit["kept"])
         conv[block] = validation.convergence_counts(short, settings.convergence, fit["divergences"])
@@ -543,12 +557,17 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc"], default="nuts",
+                   help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
+                        "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen")
+    r.add_argument("--pilot-datasets", type=int, default=8)
+    r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
     r.add_argument("--max-seconds", type=float, default=270.0)
     r.add_argument("--reference-draws", type=int, default=0,
                    help="after the fits, a long run (this many draws) of the first fit's datasets: the largest "
                         "|99%% HDI endpoint| difference of H1-H3 against it (0: none)")
     v = sub.add_parser("validate", help="here, with PyMC: the accelerator path against a long nutpie run, SBC")
-    v.add_argument("--quick", action="store_true", help="10 frames x 2 depths, 16 datasets, SBC 100 draws (< 10 min)")
+    v.add_argument("--quick", action="store_true", help="5 frames x 2 depths, 8 datasets, SBC 100 draws (< 10 min on 2 quiet cores)")
     v.add_argument("--frames", type=int, default=50)
     v.add_argument("--depths", type=int, default=8)
     v.add_argument("--datasets", type=int, default=64)
