@@ -186,7 +186,7 @@ def run(args) -> int:
     target = conv["ess_bulk_min"]
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "power_gpu.json"
+    path = out_dir / args.json
     res = {"devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "backend_init_s": backend_init_s,
            "jax": jax.__version__,
            "blackjax": __import__("blackjax").__version__, "manifest": manifest,
@@ -408,7 +408,7 @@ def validate(args) -> int:
         frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = (args.frames, args.depths, args.datasets,
                                                                             args.sbc_draws, 4000, s.warmup, s.draws,
                                                                             s.pilot_steps)
-    sampler = type(s)(**{**vars(s), "pilot_steps": pilot_steps})
+    sampler = type(s)(**{**vars(s), "pilot_steps": pilot_steps, "algorithm": args.algorithm or s.algorithm})
     keys = [f"d{i}" for i in range(1, depths + 1)]
     design = simulated_design(settings, keys, keys[-2:] if depths >= 2 else keys, frames, (0.2, 0.2), seed=1)
     est = _validation_estimates()
@@ -561,6 +561,7 @@ def main() -> int:
                    help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
                         "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen")
     r.add_argument("--pilot-datasets", type=int, default=8)
+    r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
     r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
     r.add_argument("--max-seconds", type=float, default=270.0)
     r.add_argument("--reference-draws", type=int, default=0,
@@ -574,6 +575,7 @@ def main() -> int:
     v.add_argument("--sbc-draws", type=int, default=500)
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
+    v.add_argument("--algorithm", choices=["chees_hmc", "nuts"], help="default: the registered simulation_sampler's")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
     v.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "power_validation.json"))
     args = ap.parse_args()

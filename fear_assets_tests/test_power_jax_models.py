@@ -49,10 +49,10 @@ def simulated(settings):
     return two, priors, H5Priors.from_settings(settings)
 
 
-#: One of each model kind in the default run (primary, joint two-block with per-reader scales,
-#: the probit with its erfcx); each further case compiles another PyTensor graph (10-60 s on
+#: The primary model and the probit (its JAX erfcx) in the default run; the joint two-block
+#: models and the other blocks compile further PyTensor graphs (10-60 s each on
 #: 2 cores), so they run with -m slow.
-DEFAULT = ("primary", "judge", "forced_choice")
+DEFAULT = ("primary", "forced_choice")
 CASES = [pytest.param(c, marks=() if c in DEFAULT else pytest.mark.slow)
          for c in (*PRIMARY_MODEL_BLOCKS, "primary:centred")]
 
