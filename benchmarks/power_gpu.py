@@ -404,9 +404,11 @@ def validate(args) -> int:
     s = settings.simulation_sampler
     if args.quick:
         frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = 5, 2, 8, 100, 1000, 100, 400, 300
+        sbc_n = sbc_n if args.sbc_draws is None else args.sbc_draws
     else:
         frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = (args.frames, args.depths, args.datasets,
-                                                                            args.sbc_draws, 4000, s.warmup, s.draws,
+                                                                            500 if args.sbc_draws is None else args.sbc_draws,
+                                                                            4000, s.warmup, s.draws,
                                                                             s.pilot_steps)
     sampler = type(s)(**{**vars(s), "pilot_steps": pilot_steps, "algorithm": args.algorithm or s.algorithm})
     keys = [f"d{i}" for i in range(1, depths + 1)]
@@ -477,13 +479,14 @@ def validate(args) -> int:
     res["convergence"] = conv
     res["speed"] = speed
     print(f"[{time.perf_counter() - t_start:.0f} s] comparison: {json.dumps(res['comparison'])}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")  # kept if the SBC is stopped
     res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed) if sbc_n else None
     if res["sbc"]:
         print(f"[{time.perf_counter() - t_start:.0f} s] sbc: {json.dumps(res['sbc']['per_quantity'])}", flush=True)
     res["load_after"] = os.getloadavg()
     res["total_s"] = time.perf_counter() - t_start
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=float) + "\n")
     speedup = min(v["speedup_vs_nutpie"] for v in speed.values())
     sbc_p = res["sbc"]["min_p"] if res["sbc"] else float("nan")
@@ -572,7 +575,7 @@ def main() -> int:
     v.add_argument("--frames", type=int, default=50)
     v.add_argument("--depths", type=int, default=8)
     v.add_argument("--datasets", type=int, default=64)
-    v.add_argument("--sbc-draws", type=int, default=500)
+    v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
     v.add_argument("--algorithm", choices=["chees_hmc", "nuts"], help="default: the registered simulation_sampler's")

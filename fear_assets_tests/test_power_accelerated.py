@@ -147,3 +147,30 @@ def test_convergence_is_counted_on_every_contrast(settings):
     counts = validation.convergence_counts({"H1": good, "H2": stuck}, settings.convergence)
     assert counts["per_contrast"]["H1"]["failing"] == 0 and counts["per_contrast"]["H2"]["failing"] == 1
     assert counts["datasets_failing_any"] == 1 and counts["failing"] == [False, True, False]
+
+
+# Slow (two fitting paths on the same datasets, JAX and nutpie compilations): the benchmark's
+# validation end to end at a reduced size. Run it with -m slow before relying on a sampler change.
+@pytest.mark.slow
+def test_the_validation_benchmark_runs_and_reports_its_last_line(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fear_assets.core.settings import PROJECT_ROOT
+
+    out = tmp_path / "validation.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "validate", "--frames", "5",
+                           "--depths", "1", "--datasets", "4", "--sbc-draws", "0", "--loop-datasets", "1",
+                           "--algorithm", "nuts", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("label_flips=") and "max_endpoint_z=" in last and "speedup_vs_nutpie=" in last
+    res = json.loads(out.read_text())
+    comp = res["comparison"]
+    assert comp["comparisons"] == 4 * 3 * 4  # datasets x H1-H3 x (mean, sd, two HDI endpoints)
+    assert comp["label_flips_not_near_boundary"] == 0 and comp["max_z"] <= comp["z_bound"], comp
+    assert set(res["convergence"]["primary"]["per_contrast"]) == {"H1", "H2", "H3"}
