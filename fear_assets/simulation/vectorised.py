@@ -449,8 +449,8 @@ class BatchedChEES:
 
     def tune(self, Y_pilot: np.ndarray, seed: int, steps: int, chains: int, timings: dict | None = None,
              learning_rate: float = 0.025, initial_step: float = 0.1) -> FrozenHMC:
-        """ChEES on each pilot dataset (rows of ``Y_pilot``) with ``chains`` chains, all
-        datasets in one program; frozen: the step sizes' geometric mean, the trajectory
+        """ChEES on each pilot dataset (rows of ``Y_pilot``) with ``chains`` chains, in one
+        program; frozen: the step sizes' geometric mean, the trajectory
         lengths' and inverse mass matrices' means, the first pilot dataset's final positions."""
         import blackjax
         import jax
@@ -472,8 +472,11 @@ class BatchedChEES:
                 if "integration_steps_params" in params else params["trajectory_length"]
             return states.position, params["step_size"], length, params["inverse_mass_matrix"]
 
+        # pilot datasets one after another (lax.map), their chains vmapped inside ChEES: one vmap
+        # level, which an exported log density supports (``exported_logdensity``)
         t = time.perf_counter()
-        compiled = jax.jit(jax.vmap(adapt)).lower(keys[1:], jnp.asarray(Y_pilot, dtype=self.dtype)).compile()
+        compiled = jax.jit(lambda ks, Y: jax.lax.map(lambda a: adapt(*a), (ks, Y))).lower(
+            keys[1:], jnp.asarray(Y_pilot, dtype=self.dtype)).compile()
         t1 = time.perf_counter()
         pos, step, length, imm = jax.block_until_ready(compiled(keys[1:], jnp.asarray(Y_pilot, dtype=self.dtype)))
         if timings is not None:
