@@ -13,10 +13,18 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch, transformers, jax; print('torch', torch.__version__, 'transformers', transformers.__version__, 'jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 uptime | tee -a "$OUT/device.txt"
-GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"
+GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"; CHEES_S="${CHEES_S:-0}"
 timeout "$GPU_S" python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"
 cp benchmarks/results/gpu.json "$OUT/gpu.json" 2>/dev/null || echo "no gpu.json written"
 python3 -c "import blackjax, flatbuffers, optax; print('blackjax', blackjax.__version__)" | tee -a "$OUT/device.txt"
 timeout "$POWER_S" python3 benchmarks/power_gpu.py run --platform cuda --datasets 16 64 256 \
   --grad-batches 1 64 256 1024 --adapt 250 --warmup 100 --max-seconds $((POWER_S - 40)) 2>&1 | tee "$OUT/power_gpu.log"
+# Issue 28: the registered simulation sampler (jittered HMC tuned once by ChEES, then frozen,
+# 4 chains a dataset) on the same export; off unless CHEES_S is set (GPU_S + POWER_S + CHEES_S
+# must stay within the device time: e.g. GPU_S=0 POWER_S=200 CHEES_S=280).
+if [ "$CHEES_S" -gt 0 ]; then
+  timeout "$CHEES_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" --algorithm chees_hmc --chains 4 \
+    --datasets 64 256 --grad-batches 256 1024 --adapt 500 --warmup 100 --max-seconds $((CHEES_S - 30)) \
+    --json power_gpu_chees.json 2>&1 | tee "$OUT/power_gpu_chees.log"
+fi
 ls -la "$OUT"

@@ -119,6 +119,7 @@ def export(args) -> int:
         "dataset_seeds": "runner.dataset_seed(master_seed, 'bench', 'meaningful', frames, i, 'primary'), i = -1 (reference), 0..K-1",
         "master_seed": settings.master_seed, "settings_sha256": settings.sha256,
         "sampler": {"draws": sampler.draws, "tune": sampler.tune, "chains": sampler.chains},
+        "simulation_sampler": dict(vars(settings.simulation_sampler)),
         "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min, "ess_tail_min": conv.ess_tail_min,
                         "divergences_max": conv.divergences_max},
         "hdi_prob": settings.decision.hdi_prob,
@@ -180,12 +181,12 @@ def run(args) -> int:
     Y_all = arr["Y"].astype(np.float64)
     y_ref, W, c = arr["y_ref"], arr["contrast_W"], arr["contrast_c"]
     draws = args.draws or manifest["sampler"]["draws"]
-    chains = manifest["sampler"]["chains"]
+    chains = args.chains or manifest["sampler"]["chains"]
     conv = manifest["convergence"]
     target = conv["ess_bulk_min"]
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "power_gpu.json"
+    path = out_dir / args.json
     res = {"devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "backend_init_s": backend_init_s,
            "jax": jax.__version__,
            "blackjax": __import__("blackjax").__version__, "manifest": manifest,
@@ -255,10 +256,21 @@ def run(args) -> int:
         time_batch(b)
 
     # (c) reference adaptation on the reference dataset
-    sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
     tm = {}
-    ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
+    if args.algorithm == "chees_hmc":
+        # jittered fixed-length HMC tuned once (ChEES) on pilot datasets (the last rows of Y), then frozen
+        sampler = vec.BatchedChEES(ld, dim, arr["x0"], arr["keep_idx"])
+        pilot = Y_all[-args.pilot_datasets:]
+        ref = sampler.tune(pilot, manifest["master_seed"], args.adapt, chains, timings=tm)
+        _fit = sampler.fit_kept
+        sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
+            **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
+    else:
+        sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
+        ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
+                          "algorithm": args.algorithm,
+                          "trajectory_length": getattr(ref, "trajectory_length", None),
                           "dense": args.dense}
     save("c_reference")
 
@@ -358,6 +370,179 @@ def run(args) -> int:
     return 0
 
 
+# -- validate (here, with PyMC: item 3 of issue 28) --------------------------------------------
+def _validation_estimates():
+    """Pilot estimates of the benchmark (benchmarks/power.py's variance components), with
+    H5's probit and the judge's scale so every block can be drawn."""
+    from dataclasses import replace
+
+    from power import estimates
+
+    h5 = {"criterion_intercept": 0.0, "position": 0.1, "criterion_frame_sd": 0.2, "dprime": 1.0,
+          "dprime_frame_sd": [0.2] * 6}
+    return replace(estimates(), h5=h5, judge_sigma=0.25)
+
+
+def validate(args) -> int:
+    """(a) the accelerator path's contrasts against a long nutpie run of the same datasets (MCSE
+    units, labels), with ESS/R-hat on every contrast; (b) SBC on a reduced design; (c) speed
+    against the nutpie loop at the registered sampler. JSON to benchmarks/results/."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from fear_assets.core.settings import load_settings
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Fitter, Priors, sample
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation import validation
+    from fear_assets.simulation.blocks import outcome, simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+
+    t_start = time.perf_counter()
+    settings = load_settings()
+    rules, priors, h5p = Rules.from_settings(settings), Priors.from_settings(settings), H5Priors.from_settings(settings)
+    s = settings.simulation_sampler
+    if args.quick:
+        frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = 5, 2, 8, 100, 1000, 100, 400, 300
+        sbc_n = sbc_n if args.sbc_draws is None else args.sbc_draws
+    else:
+        frames, depths, K, sbc_n, long_draws, warmup, draws, pilot_steps = (args.frames, args.depths, args.datasets,
+                                                                            500 if args.sbc_draws is None else args.sbc_draws,
+                                                                            4000, s.warmup, s.draws,
+                                                                            s.pilot_steps)
+    sampler = type(s)(**{**vars(s), "pilot_steps": pilot_steps, "algorithm": args.algorithm or s.algorithm})
+    keys = [f"d{i}" for i in range(1, depths + 1)]
+    design = simulated_design(settings, keys, keys[-2:] if depths >= 2 else keys, frames, (0.2, 0.2), seed=1)
+    est = _validation_estimates()
+    blocks = tuple(args.blocks)
+    seed = settings.master_seed
+    res = {"what": "issue 28 item 3: accelerator path vs a long nutpie run, SBC, speed; benchmarks/power_gpu.py validate",
+           "quick": bool(args.quick), "frames": frames, "depths": depths, "rows": design.rows, "datasets": K,
+           "blocks": list(blocks), "scenario": args.scenario, "sampler": {**vars(sampler), "warmup": warmup, "draws": draws},
+           "reference": {"sampler": "nutpie (registered model via Fitter)", "chains": 4, "tune": 1000,
+                         "draws": long_draws}, "load_before": os.getloadavg(), "cpu_count": os.cpu_count()}
+    # datasets 0..K-1 are scored; K..K+pilot-1 tune the sampler (never scored)
+    sims = [simulate_blocks(design, est, rules, "validate", args.scenario, i, seed, blocks, priors.fixed_sd)
+            for i in range(K + s.pilot_datasets)]
+    short_all, long_all, ropes, conv, speed = {}, {}, {}, {}, {}
+    for block in blocks:
+        prog = acc.block_program(sims[0][block], priors, h5p, rule=settings.fitting.frame_parametrisation)
+        Y = np.stack([outcome(x[block]) for x in sims])
+        t = time.perf_counter()
+        tuned = acc.tune(prog, Y[K:], sampler, seed)
+        tune_s = time.perf_counter() - t
+        print(f"[{time.perf_counter() - t_start:.0f} s] {block}: tuned in {tune_s:.0f} s: {tuned.params.step_size:.4g} "
+              f"x {getattr(tuned.params, 'trajectory_length', float('nan')):.3g}", flush=True)
+        fit = acc.fit_batch(tuned, Y[:K], seed + 1, warmup, draws)
+        short = acc.contrast_draws(prog, fit["kept"])
+        conv[block] = validation.convergence_counts(short, settings.convergence, fit["divergences"])
+        # the long reference run and the registered nutpie loop, same datasets
+        ref = Fitter(priors, long_draws, 1000, 4, rule=settings.fitting.frame_parametrisation)
+        loop = Fitter(priors, settings.sampler.draws, settings.sampler.tune, settings.sampler.chains,
+                      rule=settings.fitting.frame_parametrisation)
+        long, loop_s = {}, []
+        for k in range(K):
+            b = sims[k][block]
+            if b.kind == "h5":  # constant data: compiled per dataset, as the runner does
+                idata = sample(b.build(priors, h5p), long_draws, 1000, 4, seed + 7 + k)
+            else:
+                idata = ref.fit(b.data, seed + 7 + k)
+            for c, x in b.contrasts(idata).items():
+                long.setdefault(c, []).append(np.asarray(x).reshape(4, -1))
+            if k < args.loop_datasets:
+                if b.kind != "h5":
+                    loop.compiled_for(b.data)  # compile apart: the loop compiles once per shape
+                t = time.perf_counter()
+                if b.kind == "h5":
+                    sample(b.build(priors, h5p), settings.sampler.draws, settings.sampler.tune, settings.sampler.chains, k)
+                else:
+                    loop.fit(b.data, seed + 100 + k)
+                loop_s.append(time.perf_counter() - t)
+        long = {c: np.stack(v) for c, v in long.items()}
+        for c in short:
+            ropes[c] = float(rules.sesoi) if b.rope is None else float(b.rope)
+        short_all.update(short)
+        long_all.update(long)
+        per_ds = fit["timings"]["run_s"] / K
+        speed[block] = {"tune_s": tune_s, "tune": tuned.timings, "fit": fit["timings"], "accelerated_s_per_dataset": per_ds,
+                        "accelerated_s_per_dataset_amortised": (tune_s + sum(fit["timings"].values())) / K,
+                        "nutpie_loop_s_per_dataset": float(np.median(loop_s)), "nutpie_loop_datasets": len(loop_s),
+                        "speedup_vs_nutpie": float(np.median(loop_s)) / per_ds,
+                        "frozen": {"step_size": getattr(tuned.params, "step_size", None),
+                                   "trajectory_length": getattr(tuned.params, "trajectory_length", None)},
+                        "divergences": int(np.asarray(fit["divergences"]).sum())}
+        print(f"[{time.perf_counter() - t_start:.0f} s] {block}: {json.dumps(speed[block], default=float)[:600]}",
+              flush=True)
+    comp = validation.compare_runs(short_all, long_all, settings.decision.hdi_prob, ropes)
+    res["comparison"] = {k: v for k, v in comp.items() if k != "rows"}
+    res["comparison_rows"] = comp["rows"]
+    res["convergence"] = conv
+    res["speed"] = speed
+    print(f"[{time.perf_counter() - t_start:.0f} s] comparison: {json.dumps(res['comparison'])}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")  # kept if the SBC is stopped
+    res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed) if sbc_n else None
+    if res["sbc"]:
+        print(f"[{time.perf_counter() - t_start:.0f} s] sbc: {json.dumps(res['sbc']['per_quantity'])}", flush=True)
+    res["load_after"] = os.getloadavg()
+    res["total_s"] = time.perf_counter() - t_start
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    speedup = min(v["speedup_vs_nutpie"] for v in speed.values())
+    sbc_p = res["sbc"]["min_p"] if res["sbc"] else float("nan")
+    # passed: the MCSE comparison and the labels, the SBC (where run), and every dataset meeting the
+    # convergence rule on every contrast (a sampler with tiny ESS has wide MCSEs and passes the z-test alone)
+    converged = all(c["datasets_failing_any"] == 0 for c in conv.values())
+    res["passed"] = bool(comp["passed"] and converged and (not res["sbc"] or res["sbc"]["passed"]))
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    print(f"validation passed={res['passed']} (comparison {comp['passed']}, every dataset converged {converged}, "
+          f"sbc {res['sbc']['passed'] if res['sbc'] else 'not run'}) json={out} total_s={res['total_s']:.0f}")
+    print(f"label_flips={comp['label_flips']} max_endpoint_z={comp['max_endpoint_z']:.2f} sbc_min_p={sbc_p:.3g} "
+          f"speedup_vs_nutpie={speedup:.2f}")
+    return 0
+
+
+def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed) -> dict:
+    """SBC of the primary model on a reduced design (5 frames, one depth): ``n`` prior draws
+    (PyMC's prior predictive of the registered model), each fitted by the accelerator path;
+    ranks of H1-H3, sigma, nu and the six frame SDs; a chi-square uniformity test each, passed
+    where the smallest p is above 0.01 / the number of quantities."""
+    import pymc as pm
+
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation import validation
+    from fear_assets.simulation.blocks import simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+
+    t = time.perf_counter()
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=2)
+    b = simulate_blocks(design, _validation_estimates(), Rules.from_settings(settings), "sbc", "null", 0, seed,
+                        ("primary",), None)["primary"]
+    extra = ("sigma", "nu", "frame_chol_stds")
+    prog = acc.block_program(b, priors, h5p, extra=extra)
+    prior = pm.sample_prior_predictive(draws=n, model=prog.model, random_seed=seed)
+    Y = prior.prior_predictive["y_obs"].values.reshape(n, -1)
+    names = acc.CONTRAST_VARIABLES["primary"] + extra
+    truth_kept = np.concatenate([prior.prior[v].values.reshape(n, -1) for v in names], axis=1)
+    truth = {c: v.reshape(n) for c, v in acc.contrast_draws(prog, truth_kept[:, None, None, :]).items()}
+    tuned = acc.tune(prog, Y, sampler, seed + 3)
+    fit = acc.fit_batch(tuned, Y, seed + 4, warmup, draws)
+    post = acc.contrast_draws(prog, fit["kept"])
+    by_name = acc.kept_by_name(prog, fit["kept"])
+    post.update({"sigma": by_name["sigma"], "nu": by_name["nu"]})
+    truth.update({"sigma": prior.prior["sigma"].values.reshape(n), "nu": prior.prior["nu"].values.reshape(n)})
+    sds = prior.prior["frame_chol_stds"].values.reshape(n, -1)
+    for j in range(sds.shape[1]):
+        truth[f"frame_sd[{j}]"] = sds[:, j]
+        post[f"frame_sd[{j}]"] = by_name["frame_chol_stds"][..., j]
+    out = validation.sbc(truth, post)
+    out["passed"] = bool(out["min_p"] > 0.01 / len(truth))
+    out.update({"seconds": time.perf_counter() - t, "divergences": int(np.asarray(fit["divergences"]).sum()),
+                "rows": design.rows, "fit": fit["timings"]})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -380,12 +565,29 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc"], default="nuts",
+                   help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
+                        "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen")
+    r.add_argument("--pilot-datasets", type=int, default=8)
+    r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
+    r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
     r.add_argument("--max-seconds", type=float, default=270.0)
     r.add_argument("--reference-draws", type=int, default=0,
                    help="after the fits, a long run (this many draws) of the first fit's datasets: the largest "
                         "|99%% HDI endpoint| difference of H1-H3 against it (0: none)")
+    v = sub.add_parser("validate", help="here, with PyMC: the accelerator path against a long nutpie run, SBC")
+    v.add_argument("--quick", action="store_true", help="5 frames x 2 depths, 8 datasets, SBC 100 draws (< 10 min on 2 quiet cores)")
+    v.add_argument("--frames", type=int, default=50)
+    v.add_argument("--depths", type=int, default=8)
+    v.add_argument("--datasets", type=int, default=64)
+    v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
+    v.add_argument("--blocks", nargs="*", default=["primary"])
+    v.add_argument("--scenario", default="meaningful")
+    v.add_argument("--algorithm", choices=["chees_hmc", "nuts"], help="default: the registered simulation_sampler's")
+    v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
+    v.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "power_validation.json"))
     args = ap.parse_args()
-    return export(args) if args.cmd == "export" else run(args)
+    return {"export": export, "run": run, "validate": validate}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,12 @@ CASES = [
      "did you mean 'pilot_control_addressee_name'"),
     ("unregistered demo block", "blocks: [primary, recall, service_relevance]",
      "blocks: [primary, recal, service_relevance]", "power.demo", "blocks", "a list of simulated blocks"),
+    ("unknown simulation sampler", "  algorithm: chees_hmc", "  algorithm: chees", "simulation_sampler", "algorithm",
+     "one of ['chees_hmc', 'nuts']"),
+    ("one chain per simulated dataset", "  chains: 4\n  warmup:", "  chains: 1\n  warmup:", "simulation_sampler",
+     "chains", "at least 2 chains"),
+    ("typo in the simulation sampler", "  pilot_steps: 1000", "  pilot_steps: 1000\n  pilot_step: 10",
+     "simulation_sampler", "pilot_step", "did you mean 'pilot_steps'?"),
 ]
 
 

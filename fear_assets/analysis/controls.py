@@ -134,32 +134,45 @@ def matched_primary(control: pd.DataFrame, primary: pd.DataFrame) -> pd.DataFram
     return primary.merge(keys, on=["frame", "depth"], how="inner")
 
 
+def control_data(name: str, control: pd.DataFrame, primary: pd.DataFrame, fears: Sequence[str], fixed_sd: float):
+    """The data of control ``name``'s registered fit (see the module docstring): the addressee
+    control's own cells (``PrimaryData``, no covariates), or the control block with its matched
+    primary cells in the joint model (``JointData``, condition factor at ``fixed_sd``).
+    ``control`` and ``primary`` are model tables (``data.model_table``)."""
+    if control.empty:
+        raise ValueError(f"control {name}: no rows to fit; score its block first")
+    if name == "addressee_name":
+        return prepared(control, levels_of(control, fears, ADDRESSEE_AGENTS), covariates=())
+    matched = matched_primary(control, primary)
+    if matched.empty:
+        raise ValueError(f"control {name}: no primary trial on its frames and depths; score the primary block there")
+    data = pd.concat([control.assign(condition="control"), matched.assign(condition="primary")], ignore_index=True)
+    return prepare_joint(data, levels_of(data, fears, AGENTS), "condition", ("control", "primary"), fixed_sd,
+                         per_block_sigma=False)
+
+
+def control_contrast(name: str, idata, d, band: Sequence[str]) -> np.ndarray:
+    """D4's contrast of control ``name``: draws from a posterior of its registered fit of
+    ``d`` (:func:`control_data`), cell means averaged over the band depths."""
+    if name == "addressee_name":
+        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
+                        check_band(band, d.levels["depth"], f"control {name}"))
+        return CONTRASTS[name](mu, None)
+    mu = block_cell_means(idata, d, band)
+    return CONTRASTS[name](mu["control"], mu["primary"])
+
+
 def fit_control(fitter, name: str, control: pd.DataFrame, primary: pd.DataFrame, fears: Sequence[str],
                 band: Sequence[str], seed: int) -> ControlFit:
     """D4's contrast of control ``name`` from its registered fit (see the module docstring).
     ``control`` and ``primary`` are model tables (``data.model_table``)."""
 
-    if control.empty:
-        raise ValueError(f"control {name}: no rows to fit; score its block first")
-    if name == "addressee_name":
-        levels = levels_of(control, fears, ADDRESSEE_AGENTS)
-        d = prepared(control, levels, covariates=())
-        idata = fitter.fit(d, seed)
-        mu = cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"),
-                        check_band(band, levels["depth"], f"control {name}"))
-        draws = CONTRASTS[name](mu, None)
-        return ControlFit(name, draws, len(control), int(idata.posterior.sizes["chain"]), convergence(idata), idata)
-    matched = matched_primary(control, primary)
-    if matched.empty:
-        raise ValueError(f"control {name}: no primary trial on its frames and depths; score the primary block there")
-    data = pd.concat([control.assign(condition="control"), matched.assign(condition="primary")], ignore_index=True)
-    levels = levels_of(data, fears, AGENTS)
-    d = prepare_joint(data, levels, "condition", ("control", "primary"), fitter.priors.fixed_sd,
-                      per_block_sigma=False)
+    d = control_data(name, control, primary, fears, fitter.priors.fixed_sd)
     idata = fitter.fit(d, seed)
-    mu = block_cell_means(idata, d, band)
-    draws = CONTRASTS[name](mu["control"], mu["primary"])
-    return ControlFit(name, draws, len(data), int(idata.posterior.sizes["chain"]),
+    draws = control_contrast(name, idata, d, band)
+    if name == "addressee_name":
+        return ControlFit(name, draws, len(control), int(idata.posterior.sizes["chain"]), convergence(idata), idata)
+    return ControlFit(name, draws, len(d.y), int(idata.posterior.sizes["chain"]),
                       convergence(idata, ("intercept", "beta", "block_beta", "sigma", "nu")), idata)
 
 

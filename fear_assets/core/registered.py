@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.hashing import sampler_seed
 from fear_assets.core.sections import (Convergence, ConvergenceRemedy, Decision, Exclusion, FrameParametrisationRule,
-                                       Generation, PositiveControls, Power, PowerDemo, PriorSettings, Probe, Sampler)
+                                       Generation, PositiveControls, Power, PowerDemo, PriorSettings, Probe, Sampler,
+                                       SimulationSampler)
 from fear_assets.core.settings import MODES, Block, Design, Family, ProtocolSettings, ReducedDesign
 
 
@@ -30,6 +31,8 @@ class Registered:
     priors: PriorSettings
     sampler: Sampler
     convergence: Convergence
+    #: 6.3 (issue 28): the power simulation's sampler on the accelerator path.
+    simulation_sampler: SimulationSampler
     frame_parametrisation: FrameParametrisationRule
     #: 6.1-6.2's remedy for a contrast short of the convergence rule (the demo's limit for the
     #: embedded family).
@@ -130,6 +133,7 @@ def registered(settings: ProtocolSettings, family_key: str, mode: str = "pilot")
     remedy = settings.fitting.convergence_remedy.for_family(family.role == "embedded")
     return Registered(settings=settings, family=family, decision=settings.decision, priors=settings.priors,
                       sampler=settings.sampler, convergence=settings.convergence,
+                      simulation_sampler=settings.simulation_sampler,
                       frame_parametrisation=settings.fitting.frame_parametrisation, convergence_remedy=remedy,
                       positive_controls=settings.positive_controls, exclusion=settings.exclusion,
                       probe=settings.probe, generation=settings.generation, power=settings.power, mode=mode)

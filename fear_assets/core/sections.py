@@ -246,6 +246,35 @@ class Sampler(Section):
     chains: int = registered(integer(1))
 
 
+#: The samplers of the power simulation's accelerator path (``simulation.vectorised``).
+SIMULATION_ALGORITHMS = ("chees_hmc", "nuts")
+SIMULATION_ALGORITHM = Constraint(f"one of {list(SIMULATION_ALGORITHMS)}",
+                                  lambda v: v if isinstance(v, str) and v in SIMULATION_ALGORITHMS else None)
+
+
+@dataclass(frozen=True)
+class SimulationSampler(Section):
+    """6.3 (issue 28): how the power simulation's datasets are sampled on the accelerator path,
+    many (dataset, chain) pairs in one compiled program. A change of the simulation's sampler
+    from the registered ``sampler`` (the nutpie loop's), recorded as such: the model, priors and
+    convergence rule are the registered ones. ``chees_hmc``: jittered fixed-length HMC whose
+    step size, trajectory length and diagonal mass matrix are tuned once (ChEES) on
+    ``pilot_datasets`` datasets of the design for ``pilot_steps`` steps and then frozen;
+    ``nuts``: NUTS from a reference adaptation. Per dataset: ``chains`` chains, ``warmup``
+    steps (only moving the chains to the dataset's posterior), ``draws`` draws; a dataset short
+    of the convergence rule on any reported contrast is refitted with ``extension_draws`` more
+    draws in a later batch, and then counted and kept as D7 says."""
+
+    NAME: ClassVar[str] = "simulation_sampler"
+    algorithm: str = registered(SIMULATION_ALGORITHM)
+    chains: int = registered(integer(2), "R-hat needs at least 2 chains; 4 are suggested")
+    warmup: int = registered(integer(0))
+    draws: int = registered(integer(1))
+    pilot_datasets: int = registered(integer(1))
+    pilot_steps: int = registered(integer(1))
+    extension_draws: int = registered(integer(0))
+
+
 @dataclass(frozen=True)
 class Convergence(Section):
     """6.1: the convergence rule every reported contrast must meet."""
@@ -411,4 +440,5 @@ class Power(Section):
 
 
 SECTIONS = (PriorSettings, Decision, Matching, ZeroPreference, Binding, ReportScoring, DepthBandRule, H5DepthRule, Sampler,
+            SimulationSampler,
             Convergence, Fitting, PositiveControls, Exclusion, Probe, Generation, Power)

@@ -39,6 +39,7 @@ from fear_assets.core.sections import (
     Sampler,
     SECTIONS,
     Section,
+    SimulationSampler,
     ZeroPreference,
     unknown_keys,
 )
@@ -458,6 +459,10 @@ class ProtocolSettings:
     @property
     def sampler(self) -> Sampler:
         return self.sections["sampler"]
+
+    @property
+    def simulation_sampler(self) -> SimulationSampler:
+        return self.sections["simulation_sampler"]
 
     @property
     def convergence(self) -> Convergence:

@@ -92,3 +92,75 @@ def hdi(x: np.ndarray, prob: float) -> tuple[float, float]:
     widths = s[k:] - s[: n - k]
     i = int(np.argmin(widths))
     return float(s[i]), float(s[i + k])
+
+
+# -- Monte Carlo standard errors (ArviZ's estimators) and the validation's comparisons ----------
+def mcse_mean(x: np.ndarray) -> float:
+    """MCSE of the posterior mean: sd / sqrt(bulk ESS of the raw draws), as ArviZ's ``mcse``."""
+    x = np.asarray(x, dtype=float)
+    return float(np.std(x, ddof=1) / np.sqrt(_ess(_split(x))))
+
+
+def mcse_sd(x: np.ndarray) -> float:
+    """MCSE of the posterior SD (ArviZ's ``_mcse_sd``): the squared deviations' ESS and
+    variance, by the delta method."""
+    x = np.asarray(x, dtype=float)
+    c2 = (x - x.mean()) ** 2
+    ess = _ess(_split(c2))
+    evar = c2.mean()
+    return float(np.sqrt(((c2 ** 2).mean() - evar ** 2) / ess / evar / 4))
+
+
+def mcse_quantile(x: np.ndarray, prob: float) -> float:
+    """MCSE of the ``prob`` quantile (ArviZ's ``_mcse_quantile``): the quantile indicator's ESS,
+    then half the distance between the draws at the Beta interval's +-1 sd probabilities."""
+    from scipy.stats import beta as beta_dist
+
+    x = np.asarray(x, dtype=float)
+    ess = _ess(_split((x <= np.quantile(x, prob)).astype(float)))
+    with np.errstate(invalid="ignore"):
+        ppf = beta_dist.ppf([0.1586553, 0.8413447], ess * prob + 1, ess * (1 - prob) + 1) * x.size - 1
+    s = np.sort(x.reshape(-1))
+    return float((s[int(np.ceil(np.nanmin((ppf[1], x.size - 1))))] - s[int(np.floor(np.nanmax((ppf[0], 0))))]) / 2)
+
+
+def summary_with_mcse(x: np.ndarray, prob: float) -> dict:
+    """Posterior mean, SD and ``prob`` HDI endpoints of (chains, draws) draws, each with its
+    MCSE (an HDI endpoint's as the quantile at the share of draws below it)."""
+    x = np.asarray(x, dtype=float)
+    low, high = hdi(x, prob)
+    flat = x.reshape(-1)
+    q = lambda v: min(max(float(np.mean(flat <= v)), 1.0 / flat.size), 1 - 1.0 / flat.size)  # noqa: E731
+    return {"mean": float(flat.mean()), "sd": float(flat.std(ddof=1)), "hdi_low": low, "hdi_high": high,
+            "mcse_mean": mcse_mean(x), "mcse_sd": mcse_sd(x), "mcse_hdi_low": mcse_quantile(x, q(low)),
+            "mcse_hdi_high": mcse_quantile(x, q(high))}
+
+
+STATISTICS = ("mean", "sd", "hdi_low", "hdi_high")
+
+
+def z_scores(a: dict, b: dict) -> dict:
+    """Per statistic, the difference of two runs' estimates in MCSE units (both runs' MCSE):
+    (a - b) / sqrt(mcse_a^2 + mcse_b^2). ``a``, ``b``: ``summary_with_mcse`` results."""
+    return {k: float((a[k] - b[k]) / np.sqrt(a[f"mcse_{k}"] ** 2 + b[f"mcse_{k}"] ** 2)) for k in STATISTICS}
+
+
+def near_boundary(s: dict, boundaries, k: float = 2.0) -> bool:
+    """Whether an HDI endpoint lies within ``k`` MCSE of a decision boundary (0, +-ROPE):
+    there a label may differ between two correct runs."""
+    return any(abs(s[e] - c) <= k * s[f"mcse_{e}"] for e in ("hdi_low", "hdi_high") for c in boundaries)
+
+
+def sbc_ranks(truth: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """Simulation-based calibration ranks: per prior draw i, how many of its posterior draws
+    (``draws[i]``, thinned to near-independence) fall below the true value ``truth[i]``."""
+    return (np.asarray(draws) < np.asarray(truth)[:, None]).sum(axis=1)
+
+
+def uniformity_p(ranks: np.ndarray, n_draws: int, bins: int = 10) -> float:
+    """Chi-square test that SBC ranks (0..n_draws) are uniform, over ``bins`` equal bins."""
+    from scipy.stats import chisquare
+
+    edges = np.linspace(0, n_draws + 1, bins + 1)
+    counts, _ = np.histogram(np.asarray(ranks) + 0.5, bins=edges)
+    return float(chisquare(counts).pvalue)

@@ -3,8 +3,10 @@
 Every block is fitted by the analysis code's own model: the primary model
 (``analysis.primary_model.build_model``; H1-H3, gates (a) and (b), H4 with its document
 intercept), the joint two-block model (``analysis.joint``; controls 2-4 through
-``controls.fit_control``, gate (c) through ``gate_c.prepare_gate_c``), the addressee control's
-own fit (``fit_control``) and H5's probit (``h5_model.build_h5_model``). The PyMC models with
+``controls.control_data``, gate (c) through ``gate_c.prepare_gate_c``), the addressee control's
+own fit (``control_data``) and H5's probit (``h5_model.build_h5_model``); what each block's data
+are and how its contrasts are read is ``simulation.blocks`` (one copy, which the accelerator
+path fits too). The PyMC models with
 data containers are compiled once per shape and process (``Fitter``) and every dataset's
 outcomes are swapped in with nutpie's ``with_data``: all datasets of a family and frame count
 share the design, so one compilation per model serves every dataset. H5's model holds its
@@ -16,50 +18,24 @@ rule is kept and flagged (``converged`` false), never dropped (D7).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from fear_assets.analysis import gate_c as gc
-from fear_assets.analysis.controls import control_verdict, fit_control
-from fear_assets.core.hashing import sampler_seed
+from fear_assets.analysis.controls import control_verdict
 from fear_assets.core.sections import Convergence
-from fear_assets.models.data import AGENTS, CONTENTS, levels_of
 from fear_assets.models.fits import contrast_summary, convergence_problems
-from fear_assets.models.h5_model import H5Priors, build_h5_model, h5_contrast, prepare_h5
-from fear_assets.models.primary_model import (
-    Fitter,
-    cell_means,
-    divergences,
-    frame_form_of,
-    hypotheses,
-    posterior_draws,
-    sample,
-)
-from fear_assets.simulation import models
+from fear_assets.models.h5_model import H5Priors
+from fear_assets.models.primary_model import Fitter, divergences, frame_form_of, sample
+from fear_assets.simulation.blocks import REPORTED, WITH_PRIMARY, check_blocks, dataset_seed, simulate_blocks
 from fear_assets.simulation.design import SimulatedDesign
-from fear_assets.simulation.generator import (
-    PRIMARY_MODEL_BLOCKS,
-    PilotEstimates,
-    block_effects,
-    gate_b_estimates,
-    scenario_size,
-    simulate_block,
-    true_beta,
-)
+from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates, scenario_size
 from fear_assets.simulation.models import pilot_residual_sd
 
-#: Contrasts reported from each block.
-REPORTED = {"primary": ("H1", "H2", "H3"), "recall": ("gate_b",), "service_relevance": ("gate_a",),
-            "control_instructed_interaction": ("control_instructed_interaction",),
-            "control_instructed_priority": ("control_instructed_priority",),
-            "control_marked_priority": ("control_marked_priority",),
-            "control_addressee_name": ("control_addressee_name",), "judge": ("gate_c",), "probe": ("H4",),
-            "forced_choice": ("H5",)}
-#: Blocks fitted jointly with the primary block's cells (and sharing its frame effects).
-WITH_PRIMARY = ("control_instructed_interaction", "control_instructed_priority", "control_marked_priority", "judge")
+__all__ = ["REPORTED", "WITH_PRIMARY", "LABEL_COLUMNS", "Rules", "dataset_seed", "truths", "not_simulated",
+           "fit_dataset", "run_batch"]
 
 #: Stored per contrast; timings stay out so the same inputs give byte-identical batch files.
 LABEL_COLUMNS = ["family", "scenario", "frames", "dataset", "contrast", "truth", "mean", "hdi_low", "hdi_high",
@@ -90,11 +66,6 @@ class Rules:
         return cls(dec.hdi_prob, dec.sesoi, dec.meaningful, settings.convergence,
                    ctrl.pass_min_mean, ctrl.hdi_above, settings.power.slope_sd_inflation,
                    settings.priors.gate_c_reader_factor_sd, H5Priors.from_settings(settings))
-
-
-def dataset_seed(master_seed: int, family: str, scenario: str, frames: int, dataset: int, purpose: str) -> int:
-    """Every draw of the simulation derives from the registered master seed and its path."""
-    return sampler_seed(master_seed, "power", family, scenario, frames, dataset, purpose)
 
 
 def truths(scenario: str, rules: Rules, est: PilotEstimates) -> dict[str, float]:
@@ -148,90 +119,31 @@ def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, ru
                 ) -> list[dict]:
     """Simulate and fit the blocks of one dataset (all of them unless ``blocks`` says
     otherwise; the controls 2-4 and gate (c) are joint fits with the primary block, so they
-    need "primary"), each with its registered analysis model; one row per reported contrast.
-    Blocks whose pilot estimates are missing (``not_simulated``) are skipped."""
+    need "primary"), each with its registered analysis model (``blocks.simulate_blocks`` draws
+    them); one row per reported contrast. Blocks whose pilot estimates are missing
+    (``not_simulated``) are skipped."""
 
-    unknown = [b for b in blocks if b not in PRIMARY_MODEL_BLOCKS]
-    if unknown:
-        raise ValueError(f"unknown simulated block(s) {unknown}: use those of {', '.join(PRIMARY_MODEL_BLOCKS)}")
-    if any(b in WITH_PRIMARY for b in blocks) and "primary" not in blocks:
-        raise ValueError(f"blocks {list(blocks)}: the controls 2-4 and gate (c) are joint fits with the primary "
-                         f"block; include 'primary'")
-    size = scenario_size(scenario, {"meaningful": rules.meaningful, "sesoi": rules.sesoi})
+    check_blocks(blocks)
     truth = truths(scenario, rules, est)
-    skip = not_simulated(est, blocks)
-    d0, band, n = design.data, list(design.band), design.n_frames
-    fears = list(d0.levels["fear"])
-    rows: list[dict] = []
-    rng_of = lambda block: np.random.default_rng(dataset_seed(master_seed, family, scenario, n, dataset, block))  # noqa: E731
+    n = design.n_frames
     seed_of = lambda block: dataset_seed(master_seed, family, scenario, n, dataset, "fit:" + block)  # noqa: E731
-    row = lambda contrast, draws, chains, div, **kw: _label_row(  # noqa: E731
-        family, scenario, n, dataset, contrast, truth[contrast], draws, chains, div, rules, **kw)
-    primary, frames = None, None
-    for block in [b for b in PRIMARY_MODEL_BLOCKS if b in blocks]:
-        if any(c in skip for c in REPORTED[block]):
-            continue
-        rng = rng_of(block)
-        if block in ("primary", "recall", "service_relevance"):
-            # Gate (b) at the pilot's recall fit (its own residual scale), the others at the report fit.
-            gen = gate_b_estimates(est) if block == "recall" else est
-            beta = true_beta(gen, d0, band, block_effects(block, size, est.controls)[0])
-            if block == "primary":
-                d, frames = models.shared_primary(design, est, beta, rules.inflation, rng)
-                primary = d
-            else:
-                d = simulate_block(d0, gen, beta, 0.0, rules.inflation, rng)
-            idata = fitter.fit(d, seed_of(block))
-            chains = int(idata.posterior.sizes["chain"])
-            h = hypotheses(cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band))
-            draws = h if block == "primary" else {REPORTED[block][0]: h["H2"]}
-            rows += [row(c, x, chains, divergences(idata), frame_form=frame_form_of(idata)) for c, x in draws.items()]
-        elif block in ("control_instructed_interaction", "control_instructed_priority", "control_marked_priority"):
-            effects, shift = block_effects(block, size, est.controls)
-            control, matched = models.control_tables(design, est, primary, frames, effects, shift, rules.inflation,
-                                                     rng)
-            fit = fit_control(fitter, block.removeprefix("control_"), control, matched, fears, band, seed_of(block))
-            rows.append(row(block, fit.draws, fit.chains, fit.diagnostics["divergences"]))
-        elif block == "control_addressee_name":
-            table = models.addressee_table(design.addressee, est, est.controls["addressee_name"], rules.inflation, rng)
-            fit = fit_control(fitter, "addressee_name", table, table, fears, band, seed_of(block))
-            rows.append(row(block, fit.draws, fit.chains, fit.diagnostics["divergences"]))
-        elif block == "judge":
-            sigma_t = models.pilot_residual_sd(est)
-            sigma_j = sigma_t if est.judge_sigma is None else float(est.judge_sigma)
-            judge = models.judge_table(design, est, frames, sigma_j, rules.inflation, rng)
-            data = pd.concat([models.with_outcome(design, primary).assign(reader="tested"),
-                              judge.assign(reader="judge")], ignore_index=True)
-
-            d = gc.prepare_gate_c(data, levels_of(data, fears), {"tested": sigma_t, "judge": sigma_j},
-                                  rules.reader_factor_sd, outcome="outcome")
-            idata = fitter.fit(d, seed_of(block))  # build_gate_c_model = the joint model at these priors
-            draws = gc.gate_c_contrast(idata, d, band)
-            rope, _ = gc.gate_c_bounds(sigma_t, rules.sesoi, rules.meaningful)
-
-            def decide_c(low, high):
-                dec = gc.gate_c_decision(low, high, sigma_t, rules.sesoi, rules.meaningful)
-                return dec.label, dec.practically_meaningful
-
-            rows.append(row("gate_c", draws, int(idata.posterior.sizes["chain"]), divergences(idata), rope=rope,
-                            decision=decide_c))
-        elif block == "probe":
-            table, d4 = models.h4_design(design)
-            table = models.h4_table(table, d4, est, band, size, rules.inflation, rng)
-            d = replace(d4, y=table["log_odds"].to_numpy(float))
-            idata = fitter.fit(d, seed_of(block))
-            h = hypotheses(cell_means(d, posterior_draws(idata, "beta"), posterior_draws(idata, "intercept"), band))
-            rows.append(row("H4", h["H2"], int(idata.posterior.sizes["chain"]), divergences(idata),
-                            frame_form=frame_form_of(idata)))
-        elif block == "forced_choice":
-
-            cells = [(a, c) for a in AGENTS for c in CONTENTS]  # as analysis.confirmatory.h5 orders them
-            rows_h5 = models.h5_table(models.h5_rows(design, design.h5_depth), cells,
-                                      models.H5Estimates.from_dict(est.h5), size, rules.inflation, rng)
+    rows: list[dict] = []
+    # the controls' condition factor takes the fitter's fixed-effect prior sd; no other block reads it
+    fixed_sd = fitter.priors.fixed_sd if any(b.startswith("control_") for b in blocks) else None
+    simulated = simulate_blocks(design, est, rules, family, scenario, dataset, master_seed, blocks, fixed_sd,
+                                not_simulated(est, blocks))
+    for block, b in simulated.items():
+        if b.kind == "h5":
             # The H5 model holds its data as constants (no data containers): compiled per dataset.
-            idata = sample(build_h5_model(prepare_h5(rows_h5, cells), rules.h5_priors), fitter.draws, fitter.tune,
-                           fitter.chains, seed_of(block))
-            rows.append(row("H5", h5_contrast(idata, cells), int(idata.posterior.sizes["chain"]), divergences(idata)))
+            idata = sample(b.build(fitter.priors, rules.h5_priors), fitter.draws, fitter.tune, fitter.chains,
+                           seed_of(block))
+        else:
+            idata = fitter.fit(b.data, seed_of(block))
+        chains = int(idata.posterior.sizes["chain"])
+        form = frame_form_of(idata) if b.frame_form_reported else None
+        for contrast, draws in b.contrasts(idata).items():
+            rows.append(_label_row(family, scenario, n, dataset, contrast, truth[contrast], draws, chains,
+                                   divergences(idata), rules, rope=b.rope, decision=b.decision, frame_form=form))
     return rows
 
 

@@ -28,7 +28,7 @@ model, and they import PyMC inside.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -44,12 +44,17 @@ class Reference:
 @dataclass
 class JaxifiedModel:
     """The registered model's log density of (flat unconstrained parameters, outcome vector)
-    and the layout of the flat vector."""
+    and the layout of the flat vector. ``observed``: the observed variables whose data are the
+    outcome input, in order, with their lengths (``rows``) and dtypes; with several, the
+    outcome vector is their data concatenated."""
     logdensity: Callable
     names: list
     shapes: list
     sizes: list
     x0: np.ndarray
+    observed: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    y0: np.ndarray | None = None  # the outcome the model was built with
 
     @property
     def dim(self) -> int:
@@ -59,32 +64,111 @@ class JaxifiedModel:
         offsets = np.cumsum([0] + self.sizes)
         return {n: slice(int(offsets[i]), int(offsets[i + 1])) for i, n in enumerate(self.names)}
 
+    def point(self, x: np.ndarray) -> dict:
+        """A flat vector as PyMC's point dict (value variables by name)."""
+        return {n: np.asarray(x[s]).reshape(sh) for (n, s), sh in zip(self.slices().items(), self.shapes)}
 
-def jaxified_logdensity(model) -> JaxifiedModel:
-    """PyMC's own JAX graph of ``model.logp(jacobian=True)`` with the observed outcome ``y``
-    replaced by an input (same graph, same priors). Imports PyMC and PyTensor."""
+
+def _register_erfcx() -> None:
+    """A JAX implementation of PyTensor's ``erfcx`` (H5's probit log-likelihood uses it; PyTensor
+    ships one only through TensorFlow Probability, which no host here has): exp(x^2) erfc(x)
+    up to x = 25 (erfc still a normal float there), the asymptotic series beyond (its first
+    omitted term < 1e-14 relative), and PyTensor's own derivative 2 x erfcx(x) - 2 / sqrt(pi),
+    so the gradient is the one PyTensor differentiates symbolically."""
+    import jax
+    import jax.numpy as jnp
+    from pytensor.link.jax.dispatch import jax_funcify
+    from pytensor.scalar.math import Erfcx
+
+    @jax.custom_jvp
+    def erfcx(x):
+        big = x > 25.0
+        xs = jnp.where(big, 25.0, x)
+        direct = jnp.exp(xs * xs) * jax.scipy.special.erfc(xs)
+        xb = jnp.where(big, x, 26.0)
+        u = 1.0 / (xb * xb)
+        series = 1.0 + u * (-0.5 + u * (0.75 + u * (-1.875 + u * (6.5625 + u * -29.53125))))
+        return jnp.where(big, series / (xb * np.sqrt(np.pi)), direct)
+
+    @erfcx.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = erfcx(x)
+        return y, (2.0 * x * y - 2.0 / np.sqrt(np.pi)) * t
+
+    jax_funcify.register(Erfcx)(lambda op, **kwargs: erfcx)
+
+
+def jaxified_logdensity(model, observed: Sequence[str] | None = None) -> JaxifiedModel:
+    """PyMC's own JAX graph of ``model.logp(jacobian=True)`` with the data of the observed
+    variables (all of them, or those named in ``observed``) replaced by inputs: the same graph
+    and priors, whatever the model (a data container or constant data, any dtype). Every
+    registered analysis model goes through here; none is written twice. Imports PyMC and
+    PyTensor."""
     import pytensor
     import pytensor.tensor as pt
     from pymc.sampling.jax import get_jaxified_graph
 
-    y_in = pt.vector("y_in")
-    logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), {model["y"]: y_in}, strict=False)
+    _register_erfcx()
+    rvs = list(model.observed_RVs) if observed is None else [model[n] for n in observed]
+    if not rvs:
+        raise ValueError("the model has no observed variable: nothing to make an input of")
+    data = [model.rvs_to_values[rv] for rv in rvs]
+    if any(d.ndim != 1 for d in data):
+        raise ValueError(f"observed data of {[rv.name for rv in rvs]} must be vectors (one value per trial)")
+    inputs = [pt.vector(f"{rv.name}_in", dtype=d.dtype) for rv, d in zip(rvs, data)]
+    logp = pytensor.graph.replace.graph_replace(model.logp(jacobian=True), dict(zip(data, inputs)), strict=False)
     values = model.value_vars
-    fn = get_jaxified_graph(inputs=[*values, y_in], outputs=[logp])
+    fn = get_jaxified_graph(inputs=[*values, *inputs], outputs=[logp])
     point = model.initial_point()
     names = [v.name for v in values]
     shapes = [np.asarray(point[n]).shape for n in names]
     sizes = [int(np.prod(s)) for s in shapes]
+    y_parts = [np.asarray(d.get_value() if hasattr(d, "get_value") else d.data) for d in data]
+    rows = [len(p) for p in y_parts]
+    dtypes = [d.dtype for d in data]
 
     def logdensity(x, y):
         parts, i = [], 0
         for n, sh in zip(sizes, shapes):
             parts.append(x[i:i + n].reshape(sh))
             i += n
-        return fn(*parts, y)[0]
+        ys, j = [], 0
+        for n, dt in zip(rows, dtypes):
+            # the outcome travels as floats (one batched array); an integer observation (a
+            # choice) is cast back to the model's dtype, exactly as its 0/1 values
+            ys.append(y[j:j + n].astype(dt))
+            j += n
+        return fn(*parts, *ys)[0]
 
     x0 = np.concatenate([np.asarray(point[n], dtype=float).reshape(-1) for n in names])
-    return JaxifiedModel(logdensity, names, shapes, sizes, x0)
+    y0 = np.concatenate([p.astype(float) for p in y_parts])
+    return JaxifiedModel(logdensity, names, shapes, sizes, x0, [rv.name for rv in rvs], rows, y0)
+
+
+def check_logdensity(model, jm: JaxifiedModel, points: np.ndarray, y: np.ndarray | None = None) -> dict:
+    """Largest differences between ``jm``'s log density and gradient (in-process JAX, float64)
+    and PyMC's own compiled ``model.compile_logp()`` / ``compile_dlogp()`` at ``points`` (n,
+    dim), the JAX side given ``y`` (default: the outcome the model holds): absolute, and
+    relative (|diff| / max(1, |logp|); the gradient normwise, / max(1, max |dlogp|))."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    logp, dlogp = model.compile_logp(jacobian=True), model.compile_dlogp(jacobian=True)
+    yj = jnp.asarray(jm.y0 if y is None else y, dtype=jnp.float64)
+    vg = jax.jit(jax.value_and_grad(lambda x: jm.logdensity(x, yj)))
+    out = {"logp": 0.0, "dlogp": 0.0, "logp_rel": 0.0, "dlogp_rel": 0.0}
+    for x in np.asarray(points, dtype=float):
+        v, g = vg(jnp.asarray(x))
+        point = jm.point(x)
+        lp, dlp = float(logp(point)), np.asarray(dlogp(point))
+        out["logp"] = max(out["logp"], abs(lp - float(v)))
+        out["dlogp"] = max(out["dlogp"], float(np.max(np.abs(dlp - np.asarray(g)))))
+        out["logp_rel"] = max(out["logp_rel"], abs(lp - float(v)) / max(1.0, abs(lp)))
+        out["dlogp_rel"] = max(out["dlogp_rel"],
+                               float(np.max(np.abs(dlp - np.asarray(g))) / max(1.0, np.max(np.abs(dlp)))))
+    return out
 
 
 def export_logdensity(logdensity: Callable, dim: int, rows: int, dtype=np.float64,
@@ -321,3 +405,172 @@ def check_export(model, jm: JaxifiedModel, blob: bytes, y: np.ndarray, points: n
         out["logp_rel"] = max(out["logp_rel"], abs(lp - float(v)) / max(1.0, abs(lp)))
         out["dlogp_rel"] = max(out["dlogp_rel"], float(np.max(np.abs(dlp - g)) / max(1.0, np.max(np.abs(dlp)))))
     return out
+
+
+@dataclass
+class FrozenHMC:
+    """Jittered fixed-length HMC's parameters, tuned once on a pilot batch of datasets of one
+    design (ChEES) and then frozen for every dataset of that design: the step size, the
+    trajectory length (each transition integrates ceil(u L / step) leapfrog steps, u ~ U(0, 1)
+    shared by every chain of the batch, so no chain waits for another's trajectory), the
+    diagonal inverse mass matrix, and the chains' start points."""
+
+    step_size: float
+    trajectory_length: float
+    inverse_mass_matrix: np.ndarray
+    positions: np.ndarray  # (chains, dim)
+
+    @property
+    def mean_steps(self) -> float:
+        return 0.5 * self.trajectory_length / self.step_size
+
+
+class BatchedChEES:
+    """Jittered fixed-length HMC over many datasets' chains in one JAX program, from any log
+    density ``logdensity(x, y)`` (as ``BatchedNUTS``; no PyMC here). ``tune`` runs BlackJAX's
+    ChEES adaptation (step size by dual averaging, trajectory length by the ChEES criterion,
+    a diagonal mass matrix from the chains' ensemble) on each pilot dataset at once and freezes
+    the averages; ``fit_kept`` then samples K datasets x chains with those parameters: a
+    warm-up that only moves the chains from the pilot's positions to each dataset's posterior
+    (nothing adapts), then the draws. ``keep``: x -> the vector of each draw returned (default
+    ``x[keep_idx]``; a PyMC-graph function gives constrained quantities, ``constrained_fn``)."""
+
+    def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray | None = None,
+                 keep: Callable | None = None, float32: bool = False, max_steps: int = 256):
+        import jax
+
+        jax.config.update("jax_enable_x64", not float32)
+        self.dtype = np.float32 if float32 else np.float64
+        self.logdensity, self.dim, self.x0 = logdensity, int(dim), np.asarray(x0, dtype=float)
+        idx = None if keep_idx is None else np.asarray(keep_idx, dtype=np.int64)
+        self.keep = keep if keep is not None else (lambda x: x[idx]) if idx is not None else (lambda x: x)
+        self.max_steps = int(max_steps)
+        self._run = None
+
+    def tune(self, Y_pilot: np.ndarray, seed: int, steps: int, chains: int, timings: dict | None = None,
+             learning_rate: float = 0.025, initial_step: float = 0.1) -> FrozenHMC:
+        """ChEES on each pilot dataset (rows of ``Y_pilot``) with ``chains`` chains, in one
+        program; frozen: the step sizes' geometric mean, the trajectory
+        lengths' and inverse mass matrices' means, the first pilot dataset's final positions."""
+        import blackjax
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        P = len(Y_pilot)
+        keys = jax.random.split(jax.random.PRNGKey(seed), P + 1)
+        inits = (jnp.asarray(self.x0, dtype=self.dtype)
+                 + 0.1 * jax.random.normal(keys[0], (chains, self.dim), dtype=self.dtype))
+
+        def adapt(key, y):
+            lp = lambda x: self.logdensity(x, y)  # noqa: E731
+            warm = blackjax.chees_adaptation(lp, chains, mass_matrix_estimation="diagonal",
+                                             max_leapfrog_steps=self.max_steps,
+                                             adaptation_info_fn=lambda *a: None)
+            (states, params), _ = warm.run(key, inits, initial_step, optax.adam(learning_rate), steps)
+            length = params["integration_steps_params"][0] * params["step_size"] \
+                if "integration_steps_params" in params else params["trajectory_length"]
+            return states.position, params["step_size"], length, params["inverse_mass_matrix"]
+
+        # pilot datasets one after another (lax.map), their chains vmapped inside ChEES: one vmap
+        # level, which an exported log density supports (``exported_logdensity``)
+        t = time.perf_counter()
+        compiled = jax.jit(lambda ks, Y: jax.lax.map(lambda a: adapt(*a), (ks, Y))).lower(
+            keys[1:], jnp.asarray(Y_pilot, dtype=self.dtype)).compile()
+        t1 = time.perf_counter()
+        pos, step, length, imm = jax.block_until_ready(compiled(keys[1:], jnp.asarray(Y_pilot, dtype=self.dtype)))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
+        step = np.asarray(step, dtype=float)
+        return FrozenHMC(float(np.exp(np.mean(np.log(step)))), float(np.mean(np.asarray(length))),
+                         np.asarray(imm, dtype=float).mean(axis=0), np.asarray(pos, dtype=float)[0])
+
+    def _compile(self, warmup: int, draws: int):
+        import jax
+        import jax.numpy as jnp
+        from blackjax.mcmc import hmc
+
+        kernel = hmc.build_kernel()
+        logdensity, keep, max_steps = self.logdensity, self.keep, self.max_steps
+
+        def init(x, y):
+            return hmc.init(x, lambda z: logdensity(z, y))
+
+        def step(key, state, y, eps, imm, n):
+            return kernel(key, state, lambda z: logdensity(z, y), eps, imm, n)
+
+        per_chain = jax.vmap(step, in_axes=(0, 0, 0, None, None, None))
+
+        def run(keys, jitter_key, positions, Y, eps, length, imm):
+            K, chains = keys.shape[:2]
+            Yr = jnp.repeat(Y, chains, axis=0)
+            states = jax.vmap(init)(jnp.tile(positions, (K, 1)), Yr)
+            chain_keys = jax.vmap(lambda k: jax.random.split(k, warmup + draws))(keys.reshape((K * chains, -1)))
+            jit_u = jax.random.uniform(jitter_key, (warmup + draws,), dtype=eps.dtype)
+
+            def one(states, xs):
+                ks, u = xs
+                n = jnp.clip(jnp.ceil(u * length / eps), 1, max_steps).astype(jnp.int32)
+                states, info = per_chain(ks, states, Yr, eps, imm, n)
+                return states, (info.is_divergent, info.acceptance_rate, n)
+
+            states, (_, _, n_warm) = jax.lax.scan(one, states, (jnp.swapaxes(chain_keys[:, :warmup], 0, 1),
+                                                                jit_u[:warmup]))
+
+            def draw(states, xs):
+                states, (div, acc, n) = one(states, xs)
+                return states, (jax.vmap(keep)(states.position), div, acc, n)
+
+            _, (kept, div, acc, n_draw) = jax.lax.scan(draw, states, (jnp.swapaxes(chain_keys[:, warmup:], 0, 1),
+                                                                      jit_u[warmup:]))
+            kept = jnp.swapaxes(kept, 0, 1)  # (K * chains, draws, k)
+            per = lambda a: a.reshape((K, chains) + a.shape[1:])  # noqa: E731
+            grads = (n_warm.sum() + n_draw.sum()) * jnp.ones((K, chains), dtype=jnp.int32)
+            return per(kept), per(div.T.sum(axis=1)), grads, per(acc.T.mean(axis=1))
+
+        return jax.jit(run)
+
+    def fit_kept(self, Y: np.ndarray, frozen: FrozenHMC, seed: int, warmup: int, draws: int,
+                 timings: dict | None = None) -> dict:
+        """``Y``: (K datasets, rows). Returns ``kept`` (K, chains, draws, k), ``divergences``
+        and ``gradients`` (K, chains), ``acceptance`` (K, chains: mean over the draws)."""
+        import jax
+        import jax.numpy as jnp
+
+        K, chains = len(Y), len(frozen.positions)
+        key, jkey = jax.random.split(jax.random.PRNGKey(seed))
+        keys = jax.random.split(key, K * chains).reshape(K, chains, -1)
+        args = (keys, jkey, jnp.asarray(frozen.positions, dtype=self.dtype), jnp.asarray(Y, dtype=self.dtype),
+                jnp.asarray(frozen.step_size, dtype=self.dtype), jnp.asarray(frozen.trajectory_length, dtype=self.dtype),
+                jnp.asarray(frozen.inverse_mass_matrix, dtype=self.dtype))
+        shape = (warmup, draws, K, chains, np.shape(Y)[1])
+        t = time.perf_counter()
+        if self._run is None or self._run[0] != shape:
+            self._run = (shape, self._compile(warmup, draws).lower(*args).compile())
+        t1 = time.perf_counter()
+        kept, div, grads, acc = jax.block_until_ready(self._run[1](*args))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
+        return {"kept": np.asarray(kept, dtype=float), "divergences": np.asarray(div), "gradients": np.asarray(grads),
+                "acceptance": np.asarray(acc)}
+
+
+def constrained_fn(model, jm: JaxifiedModel, names: Sequence[str]) -> Callable:
+    """x (flat unconstrained, ``jm``'s layout) -> the model variables ``names`` on their own
+    (constrained) scale, flattened and concatenated: PyMC's own graph of each variable in terms
+    of the value variables (as PyMC's JAX samplers compute deterministics). Imports PyMC."""
+    import jax.numpy as jnp
+    from pymc.sampling.jax import get_jaxified_graph
+
+    outs = model.replace_rvs_by_values([model[n] for n in names])
+    fn = get_jaxified_graph(inputs=model.value_vars, outputs=outs)
+    shapes, sizes = jm.shapes, jm.sizes
+
+    def f(x):
+        parts, i = [], 0
+        for n, sh in zip(sizes, shapes):
+            parts.append(x[i:i + n].reshape(sh))
+            i += n
+        return jnp.concatenate([jnp.reshape(v, (-1,)) for v in fn(*parts)])
+
+    return f

@@ -1,0 +1,163 @@
+"""The power simulation's accelerator path for every block (6.3, issue 28): many datasets of one
+design fitted in one compiled JAX program, from PyMC's own graph of each block's registered
+model.
+
+``block_program`` builds the block's registered model (``blocks.BlockData.build``: the primary
+model in the form the registered rule picks, the joint two-block model, or H5's probit) on one
+dataset of the design and turns it into a JAX log density of (parameters, outcome)
+(``vectorised.jaxified_logdensity``); every other dataset of the design differs only in its
+outcome. The kept quantities per draw are the fixed effects the reported contrasts are linear
+in (``intercept``, ``beta``, ``block_beta``; H5's ``dprime``) plus any named model variable on
+its own scale (SBC's sigma, nu and frame SDs, through PyMC's graph as well). ``contrast_draws``
+reads the reported contrasts from kept draws with the analysis code's own functions (the
+block's ``contrasts``, given a posterior holding the kept variables with the model's dims).
+
+``fit_batch`` samples K datasets x chains with the registered simulation sampler
+(``settings.simulation_sampler``): jittered fixed-length HMC tuned once on a pilot batch (ChEES)
+and frozen, or NUTS from a reference adaptation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from fear_assets.simulation.blocks import BlockData
+from fear_assets.simulation.vectorised import (BatchedChEES, BatchedNUTS, JaxifiedModel, constrained_fn,
+                                               jaxified_logdensity)
+
+#: Per model kind, the variables the reported contrasts are read from (all untransformed).
+CONTRAST_VARIABLES = {"primary": ("intercept", "beta"), "joint": ("intercept", "beta", "block_beta"),
+                      "h5": ("dprime",)}
+
+
+@dataclass
+class BlockProgram:
+    """One block's design on the accelerator path: its registered model (built on one dataset),
+    the JAX log density, and what each draw keeps (``kept``: names; ``shapes``: their shapes)."""
+
+    block: BlockData
+    model: object
+    jm: JaxifiedModel
+    kept: tuple[str, ...]
+    shapes: list = field(default_factory=list)
+
+    @property
+    def kept_sizes(self) -> list[int]:
+        return [int(np.prod(s)) for s in self.shapes]
+
+    def keep_fn(self):
+        """x -> the kept variables, flattened and concatenated (PyMC's graph, constrained scale)."""
+        return constrained_fn(self.model, self.jm, self.kept)
+
+
+def block_program(b: BlockData, priors, h5_priors, rule=None, extra: Sequence[str] = ()) -> BlockProgram:
+    """The accelerator program of block ``b``'s design; ``extra``: further model variables kept
+    per draw (e.g. ``sigma``, ``nu``, ``frame_chol_stds``)."""
+    model = b.build(priors, h5_priors, rule)
+    jm = jaxified_logdensity(model)
+    kept = tuple(CONTRAST_VARIABLES[b.kind]) + tuple(extra)
+    point = model.initial_point()
+    shapes = []
+    for name in kept:
+        var = model[name]
+        value = model.rvs_to_values.get(var)
+        shapes.append(tuple(np.asarray(point[value.name]).shape) if value is not None and value.name == name
+                      else tuple(int(s) for s in var.shape.eval()))
+    return BlockProgram(b, model, jm, kept, shapes)
+
+
+class _Posterior:
+    """The part of an InferenceData the analysis functions read: ``posterior[name].values``
+    (chain, draw, ...) and, for H5, ``sel`` by the model's coordinates."""
+
+    def __init__(self, dataset):
+        self.posterior = dataset
+
+
+def posterior_of(prog: BlockProgram, kept: np.ndarray):
+    """A posterior (``idata.posterior`` as an xarray Dataset with the model's dims and coords)
+    of one dataset's kept draws, (chains, draws, sum(kept sizes))."""
+    import xarray as xr
+
+    data, i = {}, 0
+    dims_of = prog.model.named_vars_to_dims
+    for name, shape, size in zip(prog.kept, prog.shapes, prog.kept_sizes):
+        dims = tuple(dims_of.get(name, ())) or tuple(f"{name}_dim_{j}" for j in range(len(shape)))
+        data[name] = (("chain", "draw", *dims), kept[:, :, i:i + size].reshape(kept.shape[:2] + tuple(shape)))
+        i += size
+    coords = {k: list(v) for k, v in prog.model.coords.items() if v is not None}
+    used = {d for _, (dims, _) in data.items() for d in dims}
+    return _Posterior(xr.Dataset(data, coords={k: v for k, v in coords.items() if k in used}))
+
+
+def contrast_draws(prog: BlockProgram, kept: np.ndarray) -> dict[str, np.ndarray]:
+    """The block's reported contrasts, (K, chains, draws) each, from kept draws (K, chains,
+    draws, k) by the analysis code's own functions."""
+    K, chains, draws = kept.shape[:3]
+    per = [prog.block.contrasts(posterior_of(prog, kept[k])) for k in range(K)]
+    return {c: np.stack([np.asarray(p[c]).reshape(chains, draws) for p in per]) for c in per[0]}
+
+
+def kept_by_name(prog: BlockProgram, kept: np.ndarray) -> dict[str, np.ndarray]:
+    """Kept draws split by variable: name -> (K, chains, draws, *shape)."""
+    out, i = {}, 0
+    for name, shape, size in zip(prog.kept, prog.shapes, prog.kept_sizes):
+        out[name] = kept[..., i:i + size].reshape(kept.shape[:3] + tuple(shape))
+        i += size
+    return out
+
+
+@dataclass
+class Tuned:
+    """A sampler tuned once for a design (``algorithm`` as in the settings) and its timings."""
+
+    algorithm: str
+    sampler: object
+    params: object
+    timings: dict
+
+
+def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, keep=None) -> Tuned:
+    """The registered simulation sampler tuned on pilot datasets of the design (``Y_pilot``:
+    rows of outcomes): ChEES on every pilot dataset, frozen; or NUTS's reference adaptation on
+    the first (diagonal mass matrix, as the nutpie loop's cold start has)."""
+    s = sampler_settings
+    keep = prog.keep_fn() if keep is None else keep
+    timings: dict = {}
+    if s.algorithm == "chees_hmc":
+        sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)
+        params = sampler.tune(Y_pilot[:s.pilot_datasets], seed, s.pilot_steps, s.chains, timings=timings)
+    else:
+        sampler = _NUTSKeep(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep)
+        params = sampler.reference(Y_pilot[0], seed, s.pilot_steps, s.chains, dense=False, timings=timings)
+    return Tuned(s.algorithm, sampler, params, timings)
+
+
+class _NUTSKeep(BatchedNUTS):
+    """``BatchedNUTS`` keeping ``keep(x)`` per draw (constrained quantities) rather than indices."""
+
+    def __init__(self, logdensity, dim, x0, keep):
+        super().__init__(logdensity, dim, x0, np.arange(dim))
+        self._keep = keep
+
+    def _compile(self, warmup, draws, target_accept):
+        import jax
+
+        keep, inner = self._keep, super()._compile(warmup, draws, target_accept)
+
+        def run(*args):
+            kept, div, grads, step = inner(*args)
+            return jax.vmap(jax.vmap(jax.vmap(keep)))(kept), div, grads, step
+
+        return jax.jit(run)
+
+
+def fit_batch(tuned: Tuned, Y: np.ndarray, seed: int, warmup: int, draws: int) -> dict:
+    """K datasets (rows of ``Y``) x the tuned chains in one program: ``kept`` (K, chains, draws,
+    k), ``divergences`` and ``gradients`` (K, chains), ``timings`` (compile_s, run_s)."""
+    timings: dict = {}
+    out = tuned.sampler.fit_kept(Y, tuned.params, seed, warmup, draws, timings=timings)
+    return {**out, "timings": timings}

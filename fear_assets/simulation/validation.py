@@ -1,0 +1,99 @@
+"""Validation of a fitting path that can fail (6.3, issue 28 item 3): a candidate sampler's
+reported contrasts against a long run of the registered sampler on the same datasets, in Monte
+Carlo standard-error units, its labels, and simulation-based calibration. Pure (NumPy, SciPy).
+
+The rule. For every dataset and reported contrast, the posterior mean, SD and 99% HDI
+endpoints of the two runs differ by z = (a - b) / sqrt(MCSE_a^2 + MCSE_b^2) (ArviZ's MCSE
+estimators, an HDI endpoint's as a quantile's: ``diagnostics.summary_with_mcse``). Two correct
+samplers give z about N(0, 1); an absolute bound (the last benchmark's 0.02) is below the Monte
+Carlo error of a 99% HDI endpoint at ESS 400 and fails correct runs. The pass bound is
+|z| <= 3 for every statistic, raised to the Bonferroni bound of a 1% family-wise error where
+the number of comparisons m makes 3 a likely false alarm (m >= 4: z_crit = Phi^-1(1 - 0.005 / m),
+4.05 at m = 192). A label may differ only where an HDI endpoint of either run lies within 2 MCSE
+of a decision boundary (0, +-ROPE); any other flip fails. SBC: ranks of each quantity's prior
+draw among its (thinned) posterior draws, uniform under a calibrated sampler (chi-square).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from scipy.special import ndtri
+
+from fear_assets.models.decision import label
+from fear_assets.simulation import diagnostics as dg
+
+
+def z_bound(m: int, family_alpha: float = 0.01) -> float:
+    """The pass bound on |z| for ``m`` comparisons: 3, or the Bonferroni bound if larger."""
+    return float(max(3.0, ndtri(1 - family_alpha / (2 * max(int(m), 1)))))
+
+
+def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope: float) -> dict:
+    """One dataset's contrast, (chains, draws) in each run: the four z-scores, both labels and
+    whether a differing label sits within 2 MCSE of a boundary (0, +-rope)."""
+    a, b = dg.summary_with_mcse(short, hdi_prob), dg.summary_with_mcse(long, hdi_prob)
+    la, lb = label(a["hdi_low"], a["hdi_high"], rope).label, label(b["hdi_low"], b["hdi_high"], rope).label
+    boundaries = (0.0, -rope, rope)
+    return {"z": dg.z_scores(a, b), "label": la, "reference_label": lb, "flip": la != lb,
+            "near_boundary": dg.near_boundary(a, boundaries) or dg.near_boundary(b, boundaries),
+            "candidate": a, "reference": b}
+
+
+def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray], hdi_prob: float,
+                 ropes: Mapping[str, float]) -> dict:
+    """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws).
+    Returns the largest |z| per statistic and overall, the bound, the label flips (all, and
+    those not near a boundary) and ``passed``."""
+    rows = []
+    for name in short:
+        for k in range(short[name].shape[0]):
+            c = compare_contrast(short[name][k], long[name][k], hdi_prob, ropes[name])
+            rows.append({"contrast": name, "dataset": k, **{f"z_{s}": c["z"][s] for s in dg.STATISTICS},
+                         "label": c["label"], "reference_label": c["reference_label"], "flip": c["flip"],
+                         "near_boundary": c["near_boundary"]})
+    zs = np.array([[r[f"z_{s}"] for s in dg.STATISTICS] for r in rows])
+    bound = z_bound(zs.size)
+    far = [r for r in rows if r["flip"] and not r["near_boundary"]]
+    max_z = {s: float(np.abs(zs[:, i]).max()) for i, s in enumerate(dg.STATISTICS)}
+    return {"comparisons": int(zs.size), "z_bound": bound, "max_abs_z": max_z,
+            "max_endpoint_z": max(max_z["hdi_low"], max_z["hdi_high"]), "max_z": float(np.abs(zs).max()),
+            "label_flips": int(sum(r["flip"] for r in rows)), "label_flips_not_near_boundary": len(far),
+            "passed": bool(np.abs(zs).max() <= bound and not far), "rows": rows}
+
+
+def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.ndarray | None = None) -> dict:
+    """Per reported contrast, how many datasets miss the registered convergence rule (R-hat,
+    bulk and tail ESS on that contrast; divergences of the fit), and the datasets missing it on
+    any contrast (to be extended, then counted and kept: D7). ``draws``: contrast -> (K,
+    chains, draws)."""
+    K = next(iter(draws.values())).shape[0]
+    failing = np.zeros(K, dtype=bool)
+    out = {}
+    div = np.zeros(K) if divergences is None else np.asarray(divergences).reshape(K, -1).sum(axis=1)
+    for name, x in draws.items():
+        rh = np.array([dg.rhat(x[k]) for k in range(K)])
+        eb = np.array([dg.ess_bulk(x[k]) for k in range(K)])
+        et = np.array([dg.ess_tail(x[k]) for k in range(K)])
+        bad = (rh > rule.rhat_max) | (eb < rule.ess_bulk_min) | (et < rule.ess_tail_min) | (div > rule.divergences_max)
+        failing |= bad
+        out[name] = {"failing": int(bad.sum()), "rhat_max": float(rh.max()), "ess_bulk_min": float(eb.min()),
+                     "ess_tail_min": float(et.min())}
+    return {"per_contrast": out, "datasets_failing_any": int(failing.sum()), "failing": failing.tolist()}
+
+
+def sbc(truth: Mapping[str, np.ndarray], posterior: Mapping[str, np.ndarray], thin_to: int = 99,
+        bins: int = 10) -> dict:
+    """SBC: ``truth`` maps a quantity to its prior draws (N,), ``posterior`` to (N, chains, draws)
+    draws of the fits to those draws' simulated data; each thinned to ``thin_to`` draws (evenly
+    spaced within each chain, then pooled) before ranking. Per quantity: the uniformity p."""
+    out = {}
+    for name, t in truth.items():
+        x = np.asarray(posterior[name])
+        step = max(1, (x.shape[1] * x.shape[2]) // thin_to)
+        pooled = x.reshape(x.shape[0], -1)[:, ::step][:, :thin_to]
+        ranks = dg.sbc_ranks(np.asarray(t), pooled)
+        out[name] = {"p": dg.uniformity_p(ranks, pooled.shape[1], bins), "ranks": ranks.tolist()}
+    return {"per_quantity": {k: v["p"] for k, v in out.items()}, "min_p": float(min(v["p"] for v in out.values())),
+            "prior_draws": int(len(next(iter(truth.values())))), "ranks": {k: v["ranks"] for k, v in out.items()}}

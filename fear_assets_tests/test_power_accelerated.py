@@ -1,0 +1,181 @@
+"""The power simulation's accelerator path (issue 28, items 2-3): the batched jittered HMC tuned
+once and frozen recovers known posteriors for many datasets at once, the same seed gives the
+same draws, every block reads its reported contrasts, and the validation rules (MCSE units,
+label flips, SBC uniformity) pass correct samplers and fail wrong ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fear_assets.simulation import diagnostics as dg
+from fear_assets.simulation import validation
+
+SCALES = np.array([0.05, 1.0, 4.0])  # an anisotropic target: the frozen diagonal mass matrix must learn it
+
+
+def _gaussian(x, y):
+    """log N(x; y, diag(SCALES^2)): dataset y's posterior is known exactly."""
+    return -0.5 * (((x - y) / SCALES) ** 2).sum()
+
+
+@pytest.fixture(scope="module")
+def chees_fit():
+    from fear_assets.simulation.vectorised import BatchedChEES
+
+    Y = np.array([[0.0, 0.0, 0.0], [1.0, -2.0, 5.0], [-0.5, 3.0, -4.0], [0.2, 0.2, 0.2], [2.0, 1.0, 0.0]])
+    sampler = BatchedChEES(_gaussian, 3, np.zeros(3))
+    frozen = sampler.tune(Y[3:], seed=1, steps=300, chains=4)
+    fits = [sampler.fit_kept(Y[:3], frozen, seed=2, warmup=50, draws=600) for _ in range(2)]
+    return Y[:3], frozen, fits
+
+
+def test_frozen_jittered_hmc_recovers_each_datasets_posterior(chees_fit):
+    Y, frozen, (fit, _) = chees_fit
+    # the ensemble's mass matrix learnt the scales (variances), within a factor 2
+    np.testing.assert_allclose(frozen.inverse_mass_matrix / SCALES ** 2, 1.0, rtol=0.5)
+    kept = fit["kept"]
+    assert kept.shape == (3, 4, 600, 3)
+    for k in range(3):
+        for j in range(3):
+            x = kept[k, :, :, j]
+            assert abs(x.mean() - Y[k, j]) / dg.mcse_mean(x) < 4.5, (k, j)
+            assert abs(x.std(ddof=1) - SCALES[j]) / dg.mcse_sd(x) < 4.5, (k, j)
+            assert dg.rhat(x) < 1.01 and dg.ess_bulk(x) > 400
+    assert fit["divergences"].sum() == 0
+    # one shared jitter: every chain of every dataset took the same number of leapfrog steps
+    assert np.unique(fit["gradients"]).size == 1 and fit["gradients"][0, 0] >= 650
+
+
+def test_the_same_seed_gives_the_same_draws(chees_fit):
+    _, _, (a, b) = chees_fit
+    assert a["kept"].tobytes() == b["kept"].tobytes()
+
+
+def test_every_block_reads_its_reported_contrasts(settings):
+    """Each block's ``contrasts`` (what the nutpie loop and the accelerator path both read) names
+    exactly its reported contrasts, from a posterior of the right shape."""
+    import arviz as az
+
+    from fear_assets.models.primary_model import Priors
+    from fear_assets.simulation.blocks import REPORTED, simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS
+    from fear_assets.simulation.runner import Rules
+    from fear_assets_tests.test_power_jax_models import estimates
+
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
+    blocks = simulate_blocks(design, estimates(), Rules.from_settings(settings), "f", "null", 0, settings.master_seed,
+                             tuple(PRIMARY_MODEL_BLOCKS), Priors.from_settings(settings).fixed_sd)
+    rng = np.random.default_rng(0)
+    assert list(blocks) == list(PRIMARY_MODEL_BLOCKS)
+    for name, b in blocks.items():
+        d = b.data
+        if b.kind == "h5":
+            post = {"dprime": rng.normal(size=(2, 5, len(d.cells)))}
+            idata = az.from_dict(posterior=post, dims={"dprime": ["cell"]}, coords={"cell": d.cell_labels})
+        else:
+            post = {"intercept": rng.normal(size=(2, 5)), "beta": rng.normal(size=(2, 5, len(d.names)))}
+            if b.kind == "joint":
+                post["block_beta"] = rng.normal(size=(2, 5, len(d.w_names)))
+            idata = az.from_dict(posterior=post)
+        got = b.contrasts(idata)
+        assert tuple(got) == REPORTED[name], name
+        assert all(np.asarray(v).shape == (10,) for v in got.values())
+
+
+# -- the validation's rules can fail ----------------------------------------------------------
+def _ar1(rng, n_chains=4, n=1000, rho=0.5, shift=0.0, scale=1.0):
+    x = np.zeros((n_chains, n))
+    e = rng.normal(size=(n_chains, n))
+    for t in range(1, n):
+        x[:, t] = rho * x[:, t - 1] + np.sqrt(1 - rho ** 2) * e[:, t]
+    return shift + scale * x
+
+
+def test_mcse_estimators_equal_arviz():
+    import arviz as az
+
+    x = _ar1(np.random.default_rng(1), rho=0.7, n=500)
+    assert dg.mcse_mean(x) == pytest.approx(np.asarray(az.mcse(x, method="mean")).item(), rel=1e-9)
+    for p in (0.005, 0.5, 0.995):
+        assert dg.mcse_quantile(x, p) == pytest.approx(np.asarray(az.mcse(x, method="quantile", prob=p)).item(),
+                                                       rel=1e-9)
+    iid = np.random.default_rng(2).normal(size=(4, 5000))  # MCSE of an SD of iid normals: sd / sqrt(2n)
+    assert dg.mcse_sd(iid) == pytest.approx(1 / np.sqrt(2 * iid.size), rel=0.1)
+
+
+def test_comparison_passes_two_correct_runs_and_fails_a_shifted_one():
+    rng = np.random.default_rng(3)
+    truth = [0.3, 0.02, -0.4]
+    short = {"H2": np.stack([_ar1(rng, shift=m, scale=0.05) for m in truth])}
+    long = {"H2": np.stack([_ar1(rng, n=4000, shift=m, scale=0.05) for m in truth])}
+    ok = validation.compare_runs(short, long, 0.99, {"H2": 0.15})
+    # 12 comparisons: the bound is Bonferroni's at a 1% family-wise error (3.34), never below 3
+    assert ok["passed"] and ok["comparisons"] == 12 and ok["z_bound"] == pytest.approx(3.34, abs=0.01)
+    assert validation.z_bound(1) == 3.0 and validation.z_bound(192) == pytest.approx(4.05, abs=0.01)
+    # the candidate's posterior mean off by 0.02 (about 8 MCSE): fails in MCSE units although
+    # 0.02 is the absolute rule the last benchmark allowed
+    shifted = {"H2": short["H2"] + np.array([0.02, 0, 0])[:, None, None]}
+    bad = validation.compare_runs(shifted, long, 0.99, {"H2": 0.15})
+    assert not bad["passed"] and bad["max_abs_z"]["mean"] > 5
+    # a label flip far from every boundary fails even where the z-scores alone would be looked past
+    flipped = {"H2": short["H2"] * np.array([1.0, 1.0, -1.0])[:, None, None]}
+    far = validation.compare_runs(flipped, long, 0.99, {"H2": 0.15})
+    assert far["label_flips"] >= 1 and far["label_flips_not_near_boundary"] >= 1 and not far["passed"]
+
+
+def test_sbc_passes_a_calibrated_posterior_and_fails_a_biased_one():
+    """theta ~ N(0, 1), y ~ N(theta, 1): the posterior is N(y / 2, 1 / 2)."""
+    rng = np.random.default_rng(4)
+    theta = rng.normal(size=500)
+    y = theta + rng.normal(size=500)
+    calibrated = y[:, None, None] / 2 + np.sqrt(0.5) * rng.normal(size=(500, 1, 99))
+    biased = calibrated + 0.3
+    narrow = y[:, None, None] / 2 + 0.4 * np.sqrt(0.5) * rng.normal(size=(500, 1, 99))
+    good = validation.sbc({"theta": theta}, {"theta": calibrated})
+    assert good["min_p"] > 0.01 and good["prior_draws"] == 500
+    assert validation.sbc({"theta": theta}, {"theta": biased})["min_p"] < 1e-4
+    assert validation.sbc({"theta": theta}, {"theta": narrow})["min_p"] < 1e-4
+
+
+def test_convergence_is_counted_on_every_contrast(settings):
+    rng = np.random.default_rng(5)
+    good = np.stack([_ar1(rng, n=500, rho=0.1) for _ in range(3)])
+    stuck = good.copy()
+    stuck[1, 0] += 3.0  # dataset 1, chain 0 elsewhere: R-hat far above 1.01
+    counts = validation.convergence_counts({"H1": good, "H2": stuck}, settings.convergence)
+    assert counts["per_contrast"]["H1"]["failing"] == 0 and counts["per_contrast"]["H2"]["failing"] == 1
+    assert counts["datasets_failing_any"] == 1 and counts["failing"] == [False, True, False]
+
+
+# Slow (two fitting paths on the same datasets, JAX and nutpie compilations): the benchmark's
+# validation end to end at a reduced size. Run it with -m slow before relying on a sampler change.
+@pytest.mark.slow
+def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fear_assets.core.settings import PROJECT_ROOT
+
+    out = tmp_path / "validation.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "validate", "--frames", "5",
+                           "--depths", "1", "--datasets", "4", "--sbc-draws", "0", "--loop-datasets", "1",
+                           "--algorithm", "nuts", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("label_flips=") and "max_endpoint_z=" in last and "speedup_vs_nutpie=" in last
+    res = json.loads(out.read_text())
+    comp = res["comparison"]
+    assert comp["comparisons"] == 4 * 3 * 4  # datasets x H1-H3 x (mean, sd, two HDI endpoints)
+    assert set(res["convergence"]["primary"]["per_contrast"]) == {"H1", "H2", "H3"}
+    # The verdict follows from its parts. Batched NUTS does not pass at this 5-frame design
+    # (2026-12-02: HDI endpoints up to 9 MCSE from the long run, divergences; benchmarks/RESULTS.md),
+    # so this checks the benchmark's reporting, not the sampler's quality.
+    converged = res["convergence"]["primary"]["datasets_failing_any"] == 0
+    expected = comp["max_z"] <= comp["z_bound"] and comp["label_flips_not_near_boundary"] == 0 and converged
+    assert res["passed"] == expected and f"validation passed={expected}" in proc.stdout
