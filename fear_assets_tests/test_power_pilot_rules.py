@@ -204,3 +204,23 @@ def test_the_pilot_fits_criterion_cells_and_dprime_correlations_reach_the_simula
     # The fitted matrix itself (a posterior mean of LKJ draws) is usable as it stands.
     fitted_devs = models.h5_frame_deviations(h5, 6, 6000, 1.5, np.random.default_rng(seed_of(settings, "fitted")))
     np.testing.assert_allclose(np.corrcoef(fitted_devs.T), np.array(fitted.dprime_frame_corr), atol=0.05)
+
+
+def test_a_batch_simulates_h5_at_the_pilots_registered_h5_depth(settings):
+    """5 and 6.3: H5 is evaluated at one depth fixed from the pilot (the deepest with
+    forced-choice accuracy in 0.60-0.90), and H5 is generated from its own model: the batch's
+    design carries that depth to H5's simulated forced choices, not the band's deepest depth."""
+    from fear_assets.core.registered import registered
+    from fear_assets.simulation.steps import batch_design
+
+    view = registered(settings, "qwen2.5-7b")
+    est = PilotEstimates(intercept=0.0, beta={}, frame_sd=(), frame_corr=(), unit_sd=0.1, sigma=0.5, nu=10.0,
+                         covariate_sd=(0.2, 0.2), controls={}, h5_depth="d3")
+    design = batch_design(view, est, ("d5", "d6"), 10)
+    assert design.h5_depth == "d3"
+    assert set(models.h5_rows(design, design.h5_depth)["depth"]) == {"d3"}
+    assert PilotEstimates.from_dict(est.as_dict()).h5_depth == "d3"
+    # Estimates stored before the depth was recorded keep their JSON, and the band's deepest stands in.
+    older = dataclasses.replace(est, h5_depth=None)
+    assert "h5_depth" not in older.as_dict()
+    assert batch_design(view, older, ("d5", "d6"), 10).h5_depth == "d6"

@@ -74,6 +74,9 @@ class PilotEstimates:
     #: pilot's recall Delta (its own fixed effects, frame and unit SDs, sigma and nu); None: the
     #: pilot scored no recall, and gate (b) is generated from the report fit (``gate_b_estimates``).
     recall: Mapping | None = None
+    #: The registered H5 depth the pilot's depth rule fixed (5; ``pilot_depths``), where H5's
+    #: forced choices are simulated; None: not recorded (the band's deepest depth stands in).
+    h5_depth: str | None = None
 
     def as_dict(self) -> dict:
         out = {"intercept": self.intercept, "beta": dict(self.beta), "frame_sd": list(self.frame_sd),
@@ -82,6 +85,8 @@ class PilotEstimates:
         for key in ("h4", "h5", "judge_sigma", "recall"):  # absent keys keep earlier stored estimates byte-identical
             if getattr(self, key) is not None:
                 out[key] = dict(getattr(self, key)) if key != "judge_sigma" else float(self.judge_sigma)
+        if self.h5_depth is not None:
+            out["h5_depth"] = str(self.h5_depth)
         return out
 
     @classmethod
@@ -91,7 +96,7 @@ class PilotEstimates:
                    float(d["unit_sd"]), float(d["sigma"]), float(d["nu"]),
                    tuple(float(x) for x in d["covariate_sd"]), {k: float(v) for k, v in d["controls"].items()},
                    d.get("h4"), d.get("h5"), None if d.get("judge_sigma") is None else float(d["judge_sigma"]),
-                   d.get("recall"))
+                   d.get("recall"), d.get("h5_depth"))
 
 
 def gate_b_estimates(est: PilotEstimates) -> PilotEstimates:

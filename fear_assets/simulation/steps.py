@@ -71,8 +71,10 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
     recall = recall_pilot_fit(fitter_for(settings, family_key), table, settings.fears, band,
                               view.seed("power_pilot_recall", family_key))
     judge_sigma = pilot_judge_sigma(pilot_controls)
+    h5_index = pilot_depths["h5_depth"].iloc[0] if "h5_depth" in pilot_depths.columns else None
     est = dataclasses.replace(pilot_estimates(fit.idata, fit.data, controls), recall=recall.estimates,
-                              judge_sigma=judge_sigma)
+                              judge_sigma=judge_sigma,
+                              h5_depth=None if h5_index is None or pd.isna(h5_index) else depth_key(int(h5_index)))
     if not view.embedded:  # H4's and H5's models at the pilot (the demo fits neither)
         s = view.power_sampler
         removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
@@ -133,6 +135,18 @@ def batch_file(view: Registered, power_dir: Path, key: str, estimates: pd.DataFr
     return batch_path(power_dir, family_key, key, run_key(view.settings, family_key, estimates))
 
 
+def batch_design(view: Registered, est: PilotEstimates, band, frames: int):
+    """The design every dataset of a batch at ``frames`` frames is simulated on (6.3): the
+    family's depths, ``band`` for H1-H3, H5's forced choices at the pilot's registered H5 depth
+    (``est.h5_depth``; estimates stored before it was recorded: the band's deepest), and a
+    reduced design's thinned depths as the family builds them."""
+    settings = view.settings
+    rotations_at = {i: view.family.rotations_at(i, settings.rotations) for i in range(1, view.family.deepest_index + 1)}
+    return simulated_design(settings, view.family.depth_keys, band, frames, est.covariate_sd,
+                            view.seed("power", view.family.key, "design", frames, 0, "covariates"),
+                            h5_depth=est.h5_depth, rotations_at=rotations_at)
+
+
 def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: Path,
                 log: Callable[[str], None] = print) -> BatchResult:
     """6.3: one batch of simulated datasets on the registered design at its frame count, each
@@ -146,12 +160,7 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
     size = view.power.batch_size
     datasets = range(batch * size, min(view.power_datasets, (batch + 1) * size))
     est = PilotEstimates.from_dict(json.loads(estimates["estimates_json"].iloc[0]))
-    band = DepthBand.parse(estimates["band"].iloc[0]).keys
-    # A reduced design's thinned depths are simulated as the family builds them.
-    rotations_at = {i: view.family.rotations_at(i, settings.rotations) for i in range(1, view.family.deepest_index + 1)}
-    design = simulated_design(settings, view.family.depth_keys, band, frames, est.covariate_sd,
-                              view.seed("power", family_key, "design", frames, 0, "covariates"),
-                              rotations_at=rotations_at)
+    design = batch_design(view, est, DepthBand.parse(estimates["band"].iloc[0]).keys, frames)
     fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
     reduced = view.power_reduction
