@@ -84,8 +84,13 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_model(smol_tokenizer, one_thread):
+    return tiny_llama(smol_tokenizer)
+
+
+def tiny_llama(tokenizer):
+    """The seeded random model the reference was computed with (the tokenizer's vocabulary)."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     return AutoModelForCausalLM.from_config(config).eval()
 
@@ -172,10 +177,6 @@ if __name__ == "__main__" and "--write" in sys.argv:
     torch.set_num_threads(1)
     registered = load_settings()
     tokenizer = load_tokenizer(registered.family(EMBEDDED).tested, Path(tempfile.mkdtemp()))
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)).eval()
-    REFERENCE.write_text(json.dumps(outputs(model, tokenizer, registered, load_bank(DEFAULT_BANK_DIR, registered)),
+    REFERENCE.write_text(json.dumps(outputs(tiny_llama(tokenizer), tokenizer, registered, load_bank(DEFAULT_BANK_DIR, registered)),
                                     indent=0, sort_keys=True))
     print(f"wrote {REFERENCE}")

@@ -185,10 +185,6 @@ class ReducedDesign:
         """Whether the design scores ``block``."""
         return self.scored_blocks is None or block in self.scored_blocks
 
-    def rotations_at(self, depth: str, registered: Sequence[int]) -> tuple[int, ...]:
-        """The name rotations documents at ``depth`` are built under."""
-        return self.rotations_by_depth.get(depth, tuple(sorted(registered)))
-
 
 @dataclass(frozen=True)
 class Family:
@@ -222,9 +218,8 @@ class Family:
     def rotations_at(self, depth_index: int, registered: Sequence[int]) -> tuple[int, ...]:
         """The name rotations this family's documents at ``depth_index`` are built under: every
         registered rotation, unless a reduced design thins that depth (``rotations_by_depth``)."""
-        if self.reduced_design is None:
-            return tuple(sorted(registered))
-        return self.reduced_design.rotations_at(depth_key(depth_index), registered)
+        thinned = self.reduced_design.rotations_by_depth if self.reduced_design is not None else {}
+        return thinned.get(depth_key(depth_index), tuple(sorted(registered)))
 
     @property
     def deepest_index(self) -> int:

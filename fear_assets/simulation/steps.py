@@ -71,14 +71,14 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
     recall = recall_pilot_fit(fitter_for(settings, family_key), table, settings.fears, band,
                               view.seed("power_pilot_recall", family_key))
     judge_sigma = pilot_judge_sigma(pilot_controls)
-    h5_index = pilot_depths["h5_depth"].iloc[0] if "h5_depth" in pilot_depths.columns else None
+    h5_index = pilot_depths["h5_depth"].iloc[0]
+    h5_depth = None if pd.isna(h5_index) else depth_key(int(h5_index))  # 5: H5's registered depth
     est = dataclasses.replace(pilot_estimates(fit.idata, fit.data, controls), recall=recall.estimates,
-                              judge_sigma=judge_sigma,
-                              h5_depth=None if h5_index is None or pd.isna(h5_index) else depth_key(int(h5_index)))
+                              judge_sigma=judge_sigma, h5_depth=h5_depth)
     if not view.embedded:  # H4's and H5's models at the pilot (the demo fits neither)
         s = view.power_sampler
         removed = pilot_scores[pilot_scores["block"] == "pilot_content_removed"]  # the criterion's baseline (4.5)
-        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), depth_key(int(pilot_depths['h5_depth'].iloc[0])),
+        h5_rows = h5_pilot_rows(unmask_pilot(rows, assignment_key), h5_depth,
                                 unmask_pilot(removed, assignment_key) if len(removed) else None)
         h5 = h5_pilot_estimates(h5_rows, H5Priors.from_settings(settings), int(s.draws), int(s.tune),
                                 int(s.chains), view.seed("power_pilot_h5", family_key))
