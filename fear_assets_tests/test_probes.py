@@ -53,6 +53,20 @@ def test_depth_and_cell_alone_are_not_decoded_after_residualisation():
     assert h4_interpretable(controls)
 
 
+def test_a_frame_built_at_one_rotation_is_refused_with_the_fix_not_a_numpy_error():
+    """4.5: each fold holds out one rotation and trains on the others. A frame whose documents
+    sit at one rotation (a reduced design thinned to one) has no training fold; the first
+    thinned rehearsal crashed inside numpy here."""
+    meta = _meta(frames=1)
+    meta = meta[meta["rotation"] == 2].reset_index(drop=True)
+    with pytest.raises(ValueError, match=r"frame F0 has documents at rotation 2 only.*rotations_by_depth"):
+        run_probes(_features(meta, option_signal=2.0), meta, CONFIG, n_jobs=1)
+    two = _meta(frames=1)
+    two = two[two["rotation"] != 1].reset_index(drop=True)
+    outputs, _ = run_probes(_features(two, option_signal=2.0), two, CONFIG, n_jobs=1)
+    assert set(outputs["fold_rotation"]) == {2, 3} and len(outputs) == len(two)
+
+
 def test_a_training_fold_is_384_documents_for_a_registered_frame():
     meta = _meta(frames=1, depths=8)
     assert ((meta.rotation != 1).sum()) == 384

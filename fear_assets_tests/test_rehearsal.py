@@ -21,7 +21,8 @@ from fear_assets.design.trials import build_grid, registered_selection
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.registration.issue import gate_blocks, issue_record
 from fear_assets.registration.record import write_family_record
-from fear_assets.rehearsal.workspace import (Rehearsal, RehearsalError, prepare_workspace, rehearsal_settings)
+from fear_assets.rehearsal.workspace import (Rehearsal, RehearsalError, Thinning, first_pilot_frames, prepare_workspace,
+                                             rehearsal_settings)
 from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.stimuli.bank import load_bank
 from fear_assets_tests.conftest import EMBEDDED, PRIMARY
@@ -71,6 +72,51 @@ def test_a_rehearsals_depths_and_frames_are_checked_against_the_registered_desig
         rehearsal_settings(raw, PRIMARY, 0, None)
     kept = rehearsal_settings(raw, GEMMA, 2, [0, 6144])["families"][GEMMA]
     assert kept["depth_tokens"] == [0, 6144] and "depths 0, 6144 of the registered" in kept["reduced_design"]["reason"]
+
+
+def test_a_thinned_rehearsal_keeps_every_block_and_both_orders_and_says_what_it_thinned(tmp_path, raw, settings, bank):
+    """The test suite's small rehearsal thins the pilot frames, the rotations and the events
+    through the reduced design's own fields. Every block of the accounting is still built, at
+    every kept depth both orders of the kept rotation, so every cell shows each content option
+    equally often (4.3); the reason names each thinning."""
+    pilot = first_pilot_frames(bank, settings.fears, 1)
+    thinned = _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, [0, 256],
+                                                     thinning=Thinning(pilot, (2, 3), 2)))
+    family = thinned.family(PRIMARY)
+    selection = registered_selection(thinned, bank, family)
+    assert selection.pilot == pilot and len(pilot) == len(settings.fears)
+    assert len(selection.generic_aversive) == len(selection.surprise_only) == 2
+    grid = build_grid(thinned, load_bank(settings=thinned), PRIMARY)
+    assert set(grid["block"]) == {b.name for b in settings.blocks}
+    # The in-context binding check keeps its registered 40 documents at the deepest depth (D2).
+    binding = {b.name for b in settings.blocks if b.kind == "binding"}
+    built = grid[~grid["block"].isin(binding)]
+    assert set(built["rotation"]) == {2, 3}
+    primary = grid[grid["block"] == "primary"]
+    assert set(primary["order"]) == {1, 2}
+    assert (grid["block"].isin(binding)).sum() == settings.design.binding_in_context_documents
+    per_option = primary.groupby(["depth", "agent", "content", "content_option"]).size().unstack()
+    assert (per_option[1] == per_option[2]).all()
+    reason = family.reduced_design.reason
+    assert "ALSO THINNED" in reason and "rotation(s) 2, 3 only" in reason and "2 secondary-class event(s)" in reason
+    assert all(p in reason for p in pilot)
+    # Nothing thinned: the registered shape, and the reason says no thinning.
+    plain = rehearsal_settings(raw, PRIMARY, 1, None)["families"][PRIMARY]["reduced_design"]
+    assert "ALSO THINNED" not in plain["reason"] and "rotations_by_depth" not in plain and "pilot_frames" not in plain
+
+
+def test_a_thinnings_rotations_events_and_pilot_frames_are_checked_against_the_registered_design(tmp_path, raw, settings,
+                                                                                                  bank):
+    with pytest.raises(RehearsalError, match="registered name rotations are 1, 2, 3"):
+        rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(rotations=(4,)))
+    with pytest.raises(RehearsalError, match="registers 20 events per class"):
+        rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(events_per_class=21))
+    with pytest.raises(RehearsalError, match="registered pilot frame"):
+        first_pilot_frames(bank, settings.fears, 3)
+    # One rotation at every depth leaves the probes' leave-one-rotation-out folds nothing to
+    # train on (4.5): refused where the settings are read, naming the field.
+    with pytest.raises(SettingsError, match=r"rotations_by_depth.*at least two rotations"):
+        _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(rotations=(1,))))
 
 
 def test_a_rehearsal_runs_its_reduced_power_simulation_not_the_registered_one(tmp_path, raw, settings):

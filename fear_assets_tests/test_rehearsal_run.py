@@ -4,9 +4,11 @@ analysis fitted confirmatory rows (not pilot rows), and that the Stage 2 report 
 block". It runs the product's own ``fear run`` / ``fear register`` on random-weight stand-ins
 of the registered architectures with the registered tokenizers, in a workspace of its own.
 
-Marked slow: on 2 cores it scores about 11,000 documents through 151k-token vocabularies and
-fits every analysis model, far more than the default suite's budget (docs/rehearsal.md has
-the measured time); run it with ``-m slow``."""
+The default suite's rehearsal is also thinned (``Thinning``, said in every output): one pilot
+frame per fear, two of the three name rotations (the probes' folds need two), two events per
+secondary class. Scoring through 151k-token vocabularies is the cost (about 16 documents/s on
+2 cores), and the unthinned shape scores about 11,000 documents; the thinned one about a
+third. The unthinned two-depth rehearsal is marked slow (``-m slow``)."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import json
 import duckdb
 import pytest
 
+from fear_assets.core.settings import load_settings
 from fear_assets.rehearsal.run import SCHEMA, rehearse
+from fear_assets.rehearsal.workspace import Thinning, first_pilot_frames
+from fear_assets.stimuli.bank import load_bank
 from fear_assets_tests.conftest import PRIMARY
 
 
-@pytest.mark.slow
-def test_a_small_confirmatory_rehearsal_scores_every_block_fits_confirmatory_rows_and_reports_every_block(tmp_path):
-    status, out = rehearse(PRIMARY, frames=1, depths=[0, 256], root=tmp_path / "rehearsal")
+def _check(status: int, out: dict, root, depth_keys: set[str]) -> None:
     assert status == 0, out["returncodes"]
     assert out["mode"] == "confirmatory"
     failed = {name: c["detail"] for name, c in out["verified"].items() if not c["passed"]}
@@ -29,9 +32,27 @@ def test_a_small_confirmatory_rehearsal_scores_every_block_fits_confirmatory_row
     # Every step is measured (time and its own peak memory); the scored tables say what they hold.
     assert out["steps"] and all(s["seconds"] >= 0 and s["peak_rss_mib"] for s in out["steps"])
     assert {r["table"] for r in out["scored_by_block"]} >= {"pilot_scores", "confirmatory_scores"}
-    root = tmp_path / "rehearsal"
     record = json.loads((root / "registration" / PRIMARY / "registration_record.json").read_text())
     assert record["status"] == "registered" and "REHEARSAL" in record["rehearsal"]
     with duckdb.connect(str(root / "fear_assets.duckdb"), read_only=True) as con:
         depths = {r[0] for r in con.execute(f"select distinct depth from {SCHEMA}.confirmatory_scores").fetchall()}
-    assert depths == {"d1", "d2"}
+    assert depths == depth_keys
+
+
+def test_a_thinned_confirmatory_rehearsal_scores_every_block_fits_confirmatory_rows_and_reports_every_block(
+        tmp_path):
+    settings = load_settings()
+    thinning = Thinning(first_pilot_frames(load_bank(settings=settings), settings.fears, 1), (1, 2), 2)
+    root = tmp_path / "rehearsal"
+    status, out = rehearse(PRIMARY, frames=1, depths=[0, 256], root=root, thinning=thinning)
+    _check(status, out, root, {"d1", "d2"})
+    assert "ALSO THINNED" in out["reduction"] and "REHEARSAL" in out["reduction"]
+    report = (root / "reports" / PRIMARY / "stage2_report.html").read_text(encoding="utf-8")
+    assert "ALSO THINNED" in report
+
+
+@pytest.mark.slow
+def test_a_small_confirmatory_rehearsal_scores_every_block_fits_confirmatory_rows_and_reports_every_block(tmp_path):
+    root = tmp_path / "rehearsal"
+    status, out = rehearse(PRIMARY, frames=1, depths=[0, 256], root=root)
+    _check(status, out, root, {"d1", "d2"})

@@ -893,6 +893,14 @@ def validate_settings(raw: Any, path: Path) -> ProtocolSettings:
                                     f"rotation(s) {unregistered} are not registered (names.rotations: "
                                     f"{', '.join(map(str, sorted(name_rules.rotations)))})",
                                     "list registered rotation numbers only")
+        built = {r for i in range(1, len(family.depth_tokens) + 1)
+                 for r in family.rotations_at(i, tuple(name_rules.rotations))}
+        if thinned and len(built) < 2:
+            # 4.5: the probes are trained on the other rotations and read on the held-out one.
+            raise SettingsError(path, f"families.{family.key}.reduced_design", "rotations_by_depth",
+                                f"every depth is built at rotation {', '.join(map(str, sorted(built)))} only, and the "
+                                "probes' leave-one-rotation-out folds need at least two rotations",
+                                "keep at least two rotations at one depth or more")
 
     bank = _bank_rules(path, raw["bank"])
 

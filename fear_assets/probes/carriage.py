@@ -173,6 +173,11 @@ def run_probes(X: np.ndarray, meta: pd.DataFrame, config: ProbeSettings, no_agen
         rows = (meta["item_id"] == item).to_numpy()
         m = meta[rows].reset_index(drop=True)
         na_rows = (no_agent_meta["item_id"] == item).to_numpy() if no_agent_meta is not None else None
+        if m["rotation"].nunique() < 2:
+            raise ValueError(f"probes: frame {item} has documents at rotation {', '.join(map(str, m['rotation'].unique()))} "
+                             "only; each fold trains on the other rotations and reads the held-out one (4.5), so a "
+                             "frame needs two rotations or more. Fix: keep two rotations in the design "
+                             "(reduced_design.rotations_by_depth)")
         for held_out in sorted(m["rotation"].unique()):
             jobs.append(delayed(run_fold)(
                 X[rows], m, int(held_out), config,

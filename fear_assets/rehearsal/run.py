@@ -36,8 +36,9 @@ import yaml
 
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, REGISTERED_SETTINGS_PATH, load_settings
 from fear_assets.rehearsal.models import build_family
-from fear_assets.rehearsal.workspace import (DEFAULT_ROOT, Rehearsal, RehearsalError, prepare_workspace,
-                                             rehearsal_settings)
+from fear_assets.rehearsal.workspace import (DEFAULT_ROOT, Rehearsal, RehearsalError, Thinning, first_pilot_frames,
+                                             prepare_workspace, rehearsal_settings)
+from fear_assets.stimuli.bank import load_bank
 from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
 STEP_LOG = "steps.jsonl"
@@ -58,11 +59,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help=f"the workspace (default {DEFAULT_ROOT}/<family>-f<N>[-d...])")
     p.add_argument("--through", default=None, help="the last stage (default: every stage, to the Stage 2 report)")
     p.add_argument("--device", default="cpu", help="the device of the stand-ins (site configuration; default cpu)")
+    quick = p.add_argument_group("a small rehearsal (the test suite's): thinned beyond the registered shape, "
+                                 "said in every output")
+    quick.add_argument("--pilot-frames", type=int, default=None, metavar="N",
+                       help="the lowest-numbered N pilot frames of each fear (default: the registered pilot set)")
+    quick.add_argument("--rotations", default=None, metavar="R,...",
+                       help="the name rotations built at every depth (default: every registered rotation)")
+    quick.add_argument("--events", type=int, default=None, metavar="N",
+                       help="secondary-class events per class (default: the registered number)")
     return p
 
 
-def workspace_name(family: str, frames: int, depths: Sequence[int] | None) -> str:
-    return f"{family}-f{frames}" + (f"-d{'-'.join(map(str, depths))}" if depths else "")
+def workspace_name(family: str, frames: int, depths: Sequence[int] | None, thinning: Thinning = Thinning()) -> str:
+    return (f"{family}-f{frames}" + (f"-d{'-'.join(map(str, depths))}" if depths else "")
+            + ("-thinned" if thinning else ""))
 
 
 def fear(rehearsal: Rehearsal, *argv: str, log: Path) -> int:
@@ -141,9 +151,9 @@ def exclusions_by_cell(duckdb_path: Path, family: str) -> pd.DataFrame:
 
 def verified(rehearsal: Rehearsal) -> dict[str, dict]:
     """What a finished rehearsal must show, each a check that can fail: (1) every confirmatory
-    block of the accounting has scored rows in ``confirmatory_scores`` at every depth it
-    applies to; (2) the analysis fitted the confirmatory rows, not the pilot's; (3) the Stage 2
-    report lists every block and says REHEARSAL."""
+    block is in the confirmatory trial table and has scored rows in ``confirmatory_scores`` at
+    every depth the table builds it at; (2) the analysis fitted the confirmatory rows, not the
+    pilot's; (3) the Stage 2 report lists every block and says REHEARSAL."""
     settings = load_settings(rehearsal.settings_path)
     family = rehearsal.family
     out: dict[str, dict] = {}
@@ -153,16 +163,21 @@ def verified(rehearsal: Rehearsal) -> dict[str, dict]:
                 return con.execute(sql, [family]).df()
             except duckdb.CatalogException:  # not materialised
                 return pd.DataFrame()
-        expected = rows(f"select block, expected_rows from {SCHEMA}.trial_accounting where family = ?")
-        scored = rows(f"select block, count(*) as n from {SCHEMA}.confirmatory_scores where family = ? group by 1")
+        # What the design built (block x depth of the confirmatory trial table) against what was scored.
+        built = rows(f"select distinct block, depth from {SCHEMA}.confirmatory_trial_table where family = ?")
+        scored = rows(f"select distinct block, depth from {SCHEMA}.confirmatory_scores where family = ?")
         frames = rows(f"select distinct frame_set from {SCHEMA}.posteriors where family = ?")
-    confirmatory = [b.name for b in settings.blocks if not b.is_pilot]
-    want = set(expected[(expected["expected_rows"] > 0) & expected["block"].isin(confirmatory)]["block"]) \
-        if len(expected) else set(confirmatory)
-    have = set(scored["block"]) if len(scored) else set()
-    out["every confirmatory block scored"] = {"passed": bool(want) and want <= have,
-                                              "detail": f"{len(want & have)} of {len(want)} blocks scored"
-                                              + (f"; missing {', '.join(sorted(want - have))}" if want - have else "")}
+    confirmatory = {b.name for b in settings.blocks if not b.is_pilot}
+    want = {(b, d) for b, d in built.itertuples(index=False, name=None)} if len(built) else set()
+    have = {(b, d) for b, d in scored.itertuples(index=False, name=None)} if len(scored) else set()
+    missing = sorted(want - have)
+    unbuilt = sorted(confirmatory - {b for b, _ in want})
+    out["every confirmatory block scored"] = {
+        "passed": bool(want) and not missing and not unbuilt,
+        "detail": f"{len({b for b, _ in want & have})} of {len(confirmatory)} blocks scored at "
+                  f"{len(want & have)} of {len(want)} (block, depth) pairs"
+                  + (f"; not scored: {', '.join(f'{b} {d}' for b, d in missing)}" if missing else "")
+                  + (f"; not in the design: {', '.join(unbuilt)}" if unbuilt else "")}
     sets = sorted(frames["frame_set"]) if len(frames) else []
     out["analysis fitted confirmatory rows"] = {"passed": sets == ["confirmatory"],
                                                 "detail": f"posteriors' frame sets: {', '.join(sets) or 'none'}"}
@@ -199,16 +214,18 @@ def figures(rehearsal: Rehearsal, seconds: float, returncodes: dict[str, int]) -
 
 
 def rehearse(family: str, frames: int = 1, depths: Sequence[int] | None = None, root: Path | None = None,
-             through: str | None = None, device: str = "cpu") -> tuple[int, dict]:
-    """Run the rehearsal (see the module docstring); returns (exit status, figures)."""
+             through: str | None = None, device: str = "cpu", thinning: Thinning = Thinning()) -> tuple[int, dict]:
+    """Run the rehearsal (see the module docstring); returns (exit status, figures).
+    ``thinning``: a small rehearsal's thinned pilot, rotations and events (default none)."""
     registered_settings = load_settings(REGISTERED_SETTINGS_PATH)
-    root = Path(root) if root is not None else DEFAULT_ROOT / workspace_name(family, frames, depths)
+    root = Path(root) if root is not None else DEFAULT_ROOT / workspace_name(family, frames, depths, thinning)
     # A CPU emulates bfloat16 (5x slower measured on the stand-ins): they compute in float32 there.
     rehearsal = Rehearsal(family, frames, tuple(depths) if depths else None, root.resolve(),
-                          "float32" if device == "cpu" else None)
+                          "float32" if device == "cpu" else None, thinning)
     started = time.perf_counter()
     # The arguments first (an unknown family or depth, the embedded demo), before any build.
-    rehearsal_settings(yaml.safe_load(REGISTERED_SETTINGS_PATH.read_text(encoding="utf-8")), family, frames, depths)
+    rehearsal_settings(yaml.safe_load(REGISTERED_SETTINGS_PATH.read_text(encoding="utf-8")), family, frames, depths,
+                       thinning=thinning)
     directories = build_family(registered_settings, family, DEFAULT_CACHE_DIR / MODELS_DIRNAME)
     prepare_workspace(rehearsal, REGISTERED_SETTINGS_PATH, directories, device=device)
     log = rehearsal.root / "rehearsal.log"
@@ -245,8 +262,19 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
+        rotations = tuple(int(r) for r in args.rotations.split(",")) if args.rotations else None
+    except ValueError:
+        print(f"fear rehearse: --rotations {args.rotations!r}: write rotation numbers separated by commas (e.g. 1)",
+              file=sys.stderr)
+        return 2
+    try:
+        pilot = None
+        if args.pilot_frames is not None:
+            settings = load_settings(REGISTERED_SETTINGS_PATH)
+            pilot = first_pilot_frames(load_bank(settings=settings), settings.fears, args.pilot_frames)
+        thinning = Thinning(pilot, rotations, args.events)
         status, _ = rehearse(args.family, args.frames, depths, Path(args.dir) if args.dir else None, args.through,
-                             args.device)
+                             args.device, thinning)
     except RehearsalError as exc:
         print(f"fear rehearse: {exc}", file=sys.stderr)
         return 2

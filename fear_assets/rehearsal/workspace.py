@@ -40,6 +40,46 @@ DEFAULT_ROOT = DATA_DIR / "rehearsal"
 
 
 @dataclass(frozen=True)
+class Thinning:
+    """What a small rehearsal (the test suite's) thins beyond the confirmatory frames and the
+    depths, each through a field the reduced design already has and every design step already
+    reads: the pilot frames (``pilot_frames``: these ids), the name rotations built at every
+    depth (``rotations_by_depth``; both orders stay, so 4.3's option balance holds) and the
+    secondary-class events per class (``events_per_class``). The default thins nothing: a
+    rehearsal at the registered shape."""
+
+    pilot_frames: tuple[str, ...] | None = None
+    rotations: tuple[int, ...] | None = None
+    events_per_class: int | None = None
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.pilot_frames, self.rotations, self.events_per_class))
+
+    def said(self) -> str:
+        """The clause of the reduction's sentence (empty when nothing is thinned)."""
+        parts = []
+        if self.pilot_frames is not None:
+            parts.append(f"pilot frames {', '.join(self.pilot_frames)} only")
+        if self.rotations is not None:
+            parts.append(f"name rotation(s) {', '.join(map(str, self.rotations))} only at every depth")
+        if self.events_per_class is not None:
+            parts.append(f"{self.events_per_class} secondary-class event(s) per class")
+        return "; ALSO THINNED for a quick check: " + ", ".join(parts) if parts else ""
+
+
+def first_pilot_frames(bank, fears: Sequence[str], per_fear: int) -> tuple[str, ...]:
+    """The lowest-numbered ``per_fear`` pilot frames of every fear (the reduced designs' rule)."""
+    out = []
+    for fear in fears:
+        frames = bank.frames_of(fear, "pilot")
+        if not 1 <= per_fear <= len(frames):
+            raise RehearsalError(f"--pilot-frames {per_fear}: {fear} has {len(frames)} registered pilot frame(s). "
+                                 f"Fix: keep between 1 and {len(frames)}")
+        out += [f.id for f in frames[:per_fear]]
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Rehearsal:
     """One rehearsal: the family, its confirmatory frames per fear, the depths kept (token
     counts; None: every registered depth), the workspace root and the dtype the stand-ins
@@ -50,6 +90,7 @@ class Rehearsal:
     depths: tuple[int, ...] | None
     root: Path
     dtype: str | None = None
+    thinning: Thinning = Thinning()
 
     @property
     def settings_path(self) -> Path:
@@ -85,7 +126,8 @@ class Rehearsal:
 
 
 def reduction_reason(family: str, frames: int, registered_frames: int, depths: Sequence[int] | None,
-                     registered_depths: Sequence[int], dtype: str | None = None) -> str:
+                     registered_depths: Sequence[int], dtype: str | None = None,
+                     thinning: Thinning = Thinning()) -> str:
     """The sentence every output of the rehearsal carries (the reduced design's ``reason``)."""
     kept = ("every registered depth" if depths is None or list(depths) == list(registered_depths) else
             f"depths {', '.join(map(str, depths))} of the registered {', '.join(map(str, registered_depths))} tokens")
@@ -94,15 +136,16 @@ def reduction_reason(family: str, frames: int, registered_frames: int, depths: S
     return (f"REHEARSAL of {family} at its registered shape on random-weight stand-in models: every output is "
             f"meaningless as science. Reduced only in {frames} confirmatory frame(s) per fear (registered: "
             f"{registered_frames}), {kept}, and a reduced power simulation (one dataset per scenario, a short "
-            f"sampler){numerics}; every block, branch and reader of the registered design is scored.")
+            f"sampler){numerics}{thinning.said()}; every block, branch and reader of the registered design is scored.")
 
 
 def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[int] | None,
-                       dtype: str | None = None) -> dict:
+                       dtype: str | None = None, thinning: Thinning = Thinning()) -> dict:
     """The registered settings mapping with ``family`` turned into its rehearsal: a
     ``reduced_design`` with ``rehearsal: true``, the confirmatory frames per fear, the reduced
-    power simulation, (``depths``) the depths kept and (``dtype``) the dtype its checkpoints
-    load in. Pure; nothing else changes."""
+    power simulation, (``depths``) the depths kept, (``dtype``) the dtype its checkpoints
+    load in and (``thinning``) a small rehearsal's thinned pilot, rotations and events. Pure;
+    nothing else changes."""
     families = dict(raw.get("families") or {})
     if family not in families:
         raise RehearsalError(f"family {family!r} is not registered (registered: {', '.join(families)}). "
@@ -129,11 +172,26 @@ def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[
             if spec.get(role):
                 models[spec[role]]["dtype"] = dtype
     spec["reduced_design"] = {
-        "reason": reduction_reason(family, frames, registered_frames, depths, registered_depths, dtype),
+        "reason": reduction_reason(family, frames, registered_frames, depths, registered_depths, dtype, thinning),
         "confirmatory_frames_per_fear": int(frames),
         "rehearsal": True,
         "power": {**REHEARSAL_POWER, "frames": int(frames) * len(fears)},
     }
+    if thinning.rotations is not None:
+        registered_rotations = sorted(int(r) for r in raw["names"]["rotations"])
+        if not thinning.rotations or any(r not in registered_rotations for r in thinning.rotations):
+            raise RehearsalError(f"--rotations {', '.join(map(str, thinning.rotations))}: the registered name "
+                                 f"rotations are {', '.join(map(str, registered_rotations))}. Fix: keep some of those")
+        spec["reduced_design"]["rotations_by_depth"] = {
+            f"d{i}": sorted(thinning.rotations) for i in range(1, len(spec["depth_tokens"]) + 1)}
+    if thinning.pilot_frames is not None:
+        spec["reduced_design"]["pilot_frames"] = list(thinning.pilot_frames)
+    if thinning.events_per_class is not None:
+        registered_events = int(raw["bank"]["events_per_class"])
+        if not 1 <= thinning.events_per_class <= registered_events:
+            raise RehearsalError(f"--events {thinning.events_per_class}: the bank registers {registered_events} events "
+                                 f"per class. Fix: keep between 1 and {registered_events}")
+        spec["reduced_design"]["events_per_class"] = int(thinning.events_per_class)
     families[family] = spec
     return {**raw, "families": families, "models": models}
 
@@ -149,7 +207,7 @@ def prepare_workspace(rehearsal: Rehearsal, registered_settings: Path, directori
     text = ("# A REHEARSAL's settings, written by `fear rehearse`: the registered file with one family's\n"
             "# reduced_design added. Not a registered file; do not edit.\n"
             + yaml.safe_dump(rehearsal_settings(raw, rehearsal.family, rehearsal.frames, rehearsal.depths,
-                                                rehearsal.dtype),
+                                                rehearsal.dtype, rehearsal.thinning),
                              sort_keys=False, allow_unicode=True, width=120))
     atomic_write(rehearsal.settings_path, text)
     settings = load_settings(rehearsal.settings_path)
