@@ -4,11 +4,12 @@ analysis fitted confirmatory rows (not pilot rows), and that the Stage 2 report 
 block". It runs the product's own ``fear run`` / ``fear register`` on random-weight stand-ins
 of the registered architectures with the registered tokenizers, in a workspace of its own.
 
-The default suite's rehearsal is also thinned (``Thinning``, said in every output): one pilot
-frame per fear, two of the three name rotations (the probes' folds need two), two events per
-secondary class. Scoring through 151k-token vocabularies is the cost (about 16 documents/s on
-2 cores), and the unthinned shape scores about 11,000 documents; the thinned one about a
-third. The unthinned two-depth rehearsal is marked slow (``-m slow``)."""
+The first test is also thinned (``Thinning``, said in every output): one pilot frame per fear,
+two of the three name rotations (the probes' folds need two), two events per secondary class.
+Both are marked slow (``-m slow``): the thinned one still scores about 5,000 documents through
+151k-token vocabularies (about 16 documents/s on 2 cores) and samples every analysis and
+simulated model with nutpie, about 40 minutes on 2 cores (benchmarks/RESULTS.md, "Rehearsal"),
+far beyond the 5 minutes the default suite can give it; the unthinned one about 11,000."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def _check(status: int, out: dict, root, depth_keys: set[str]) -> None:
     assert depths == depth_keys
 
 
+@pytest.mark.slow
 def test_a_thinned_confirmatory_rehearsal_scores_every_block_fits_confirmatory_rows_and_reports_every_block(
         tmp_path):
     settings = load_settings()
