@@ -34,7 +34,7 @@ from gpu import interpolate  # noqa: E402
 from fear_assets.core.settings import REGISTERED_SETTINGS_PATH, load_settings  # noqa: E402
 from fear_assets.design.trials import build_grid  # noqa: E402
 from fear_assets.rehearsal.run import RESULT, figures as figures_of, rehearse, workspace_name  # noqa: E402
-from fear_assets.rehearsal.workspace import DEFAULT_ROOT, Rehearsal, Thinning, first_pilot_frames  # noqa: E402
+from fear_assets.rehearsal.workspace import DEFAULT_ROOT, Rehearsal, thinning_of  # noqa: E402
 from fear_assets.stimuli.bank import load_bank  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "rehearsal.json"
@@ -136,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     depths = [int(d) for d in args.depths.split(",")] if args.depths else None
     settings = load_settings(REGISTERED_SETTINGS_PATH)
     bank = load_bank(settings=settings)
-    thinning = Thinning(first_pilot_frames(bank, settings.fears, args.pilot_frames) if args.pilot_frames else None,
-                        tuple(int(r) for r in args.rotations.split(",")) if args.rotations else None, args.events)
+    thinning = thinning_of(args.pilot_frames, args.rotations, args.events, settings)
     lo, hi = settings.bank.frame_sets["confirmatory"]
     gpu = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())["gpu"]
+    source = {"source": f"benchmarks/results/gpu.json ({gpu['device']}, {gpu['date']})"}
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rehearsals": {}}
     for family in args.families:
         root = Path(args.dir) if args.dir else DEFAULT_ROOT / workspace_name(family, args.frames, depths, thinning)
@@ -163,10 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             "family": family, "frames_per_fear": args.frames, "depth_tokens": figures["depth_tokens"],
             "reduction": figures["reduction"], **summary(figures),
             # The rehearsed depths' documents scaled to the registered frames (meaningless when thinned).
-            **({} if thinning else {"projected_h200_at_registered_frames": projected_hours(figures, gpu, hi - lo + 1)
-                                    | {"source": f"benchmarks/results/gpu.json ({gpu['device']}, {gpu['date']})"}}),
-            "projected_h200_whole_family": projected_whole_family(figures, settings, bank, family, gpu)
-            | {"source": f"benchmarks/results/gpu.json ({gpu['device']}, {gpu['date']})"},
+            **({} if thinning else {"projected_h200_at_registered_frames":
+                                    projected_hours(figures, gpu, hi - lo + 1) | source}),
+            "projected_h200_whole_family": projected_whole_family(figures, settings, bank, family, gpu) | source,
             "scored_by_block": figures["scored_by_block"], "exclusions_by_cell": figures["exclusions_by_cell"],
             "steps": figures["steps"],
         }

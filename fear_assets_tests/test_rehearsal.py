@@ -22,7 +22,7 @@ from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.registration.issue import gate_blocks, issue_record
 from fear_assets.registration.record import write_family_record
 from fear_assets.rehearsal.workspace import (Rehearsal, RehearsalError, Thinning, first_pilot_frames, prepare_workspace,
-                                             rehearsal_settings)
+                                             rehearsal_settings, thinning_of)
 from fear_assets.simulation.batches import batch_keys_of
 from fear_assets.stimuli.bank import load_bank
 from fear_assets_tests.conftest import EMBEDDED, PRIMARY
@@ -113,6 +113,10 @@ def test_a_thinnings_rotations_events_and_pilot_frames_are_checked_against_the_r
         rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(events_per_class=21))
     with pytest.raises(RehearsalError, match="registered pilot frame"):
         first_pilot_frames(bank, settings.fears, 3)
+    # The command line's values, as `fear rehearse` and the benchmark read them.
+    with pytest.raises(RehearsalError, match="separated by commas"):
+        thinning_of(None, "1;2", None, settings)
+    assert thinning_of(1, "1,2", 2, settings) == Thinning(first_pilot_frames(bank, settings.fears, 1), (1, 2), 2)
     # One rotation at every depth leaves the probes' leave-one-rotation-out folds nothing to
     # train on (4.5): refused where the settings are read, naming the field.
     with pytest.raises(SettingsError, match=r"rotations_by_depth.*at least two rotations"):

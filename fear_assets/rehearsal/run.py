@@ -36,9 +36,8 @@ import yaml
 
 from fear_assets.core.settings import DEFAULT_CACHE_DIR, REGISTERED_SETTINGS_PATH, load_settings
 from fear_assets.rehearsal.models import build_family
-from fear_assets.rehearsal.workspace import (DEFAULT_ROOT, Rehearsal, RehearsalError, Thinning, first_pilot_frames,
-                                             prepare_workspace, rehearsal_settings)
-from fear_assets.stimuli.bank import load_bank
+from fear_assets.rehearsal.workspace import (DEFAULT_ROOT, Rehearsal, RehearsalError, Thinning, prepare_workspace,
+                                             rehearsal_settings, thinning_of)
 from fear_assets.registration.issue import CONFIRMATORY, family_mode
 
 STEP_LOG = "steps.jsonl"
@@ -262,17 +261,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        rotations = tuple(int(r) for r in args.rotations.split(",")) if args.rotations else None
-    except ValueError:
-        print(f"fear rehearse: --rotations {args.rotations!r}: write rotation numbers separated by commas (e.g. 1)",
-              file=sys.stderr)
-        return 2
-    try:
-        pilot = None
-        if args.pilot_frames is not None:
-            settings = load_settings(REGISTERED_SETTINGS_PATH)
-            pilot = first_pilot_frames(load_bank(settings=settings), settings.fears, args.pilot_frames)
-        thinning = Thinning(pilot, rotations, args.events)
+        thinning = thinning_of(args.pilot_frames, args.rotations, args.events)
         status, _ = rehearse(args.family, args.frames, depths, Path(args.dir) if args.dir else None, args.through,
                              args.device, thinning)
     except RehearsalError as exc:

@@ -79,6 +79,22 @@ def first_pilot_frames(bank, fears: Sequence[str], per_fear: int) -> tuple[str, 
     return tuple(out)
 
 
+def thinning_of(pilot_frames_per_fear: int | None, rotations: str | None, events_per_class: int | None,
+                settings=None) -> Thinning:
+    """A :class:`Thinning` from the command line's values (``--pilot-frames N``, ``--rotations
+    R,...``, ``--events N``; None keeps the registered value): the pilot frames resolved to the
+    lowest-numbered ids of each fear in the registered bank."""
+    try:
+        kept = tuple(int(r) for r in rotations.split(",")) if rotations else None
+    except ValueError:
+        raise RehearsalError(f"--rotations {rotations!r}: write rotation numbers separated by commas (e.g. 1,2)")
+    pilot = None
+    if pilot_frames_per_fear is not None:
+        settings = settings if settings is not None else load_settings()
+        pilot = first_pilot_frames(load_bank(settings=settings), settings.fears, pilot_frames_per_fear)
+    return Thinning(pilot, kept, events_per_class)
+
+
 @dataclass(frozen=True)
 class Rehearsal:
     """One rehearsal: the family, its confirmatory frames per fear, the depths kept (token
