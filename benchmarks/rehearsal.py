@@ -132,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot-frames", type=int, default=None, help="fear rehearse's thinning (a quick rehearsal)")
     p.add_argument("--rotations", default=None, help="fear rehearse's thinning (a quick rehearsal)")
     p.add_argument("--events", type=int, default=None, help="fear rehearse's thinning (a quick rehearsal)")
+    p.add_argument("--quick-fits", action="store_true", help="fear rehearse's thinning (a quick rehearsal)")
     args = p.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")] if args.depths else None
     settings = load_settings(REGISTERED_SETTINGS_PATH)
     bank = load_bank(settings=settings)
-    thinning = thinning_of(args.pilot_frames, args.rotations, args.events, settings)
+    thinning = thinning_of(args.pilot_frames, args.rotations, args.events, settings, args.quick_fits)
     lo, hi = settings.bank.frame_sets["confirmatory"]
     gpu = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())["gpu"]
     source = {"source": f"benchmarks/results/gpu.json ({gpu['device']}, {gpu['date']})"}
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                        + (f" --depths {args.depths}" if args.depths else "")
                        + (f" --pilot-frames {args.pilot_frames}" if args.pilot_frames else "")
                        + (f" --rotations {args.rotations}" if args.rotations else "")
-                       + (f" --events {args.events}" if args.events else ""),
+                       + (f" --events {args.events}" if args.events else "")
+                       + (" --quick-fits" if args.quick_fits else ""),
             "family": family, "frames_per_fear": args.frames, "depth_tokens": figures["depth_tokens"],
             "reduction": figures["reduction"], **summary(figures),
             # The rehearsed depths' documents scaled to the registered frames (meaningless when thinned).

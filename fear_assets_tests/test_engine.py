@@ -60,11 +60,14 @@ def _max_diff(a, b):
 
 
 @pytest.mark.parametrize("name", list(TINY))
-def test_one_prefill_equals_naive_forward(name):
+@pytest.mark.parametrize("prefill_chunk", [0, 12])
+def test_one_prefill_equals_naive_forward(name, prefill_chunk):
+    """With ``prefill_chunk`` 12 the prefix runs in chunks of 12 through the cache, across
+    the sliding window (16): every key a query sees in one pass it still sees."""
     model = _tiny(name)
     context = _random_ids(80, 1)  # longer than the sliding window
     continuations = [_random_ids(n, 10 + n) for n in (1, 5, 9, 3, 12)]
-    engine = TeacherForcedEngine(model)
+    engine = TeacherForcedEngine(model, prefill_chunk=prefill_chunk)
     got = [r.score for r in _execute(engine, context, [Request.loglikelihood((), c) for c in continuations])]
     want = naive_scores(model, context, continuations)
     assert _max_diff(got, want) < TOL
@@ -278,3 +281,35 @@ def test_run_executes_batches_in_order_and_decodes_answers_across_batches():
         alone = _execute(TeacherForcedEngine(model), prefix, requests)
         assert got[0].score.token_logprobs == pytest.approx(alone[0].score.token_logprobs, abs=1e-5)
         assert got[1].generated_ids == alone[1].generated_ids and len(got[1].generated_ids) == 4
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_chunked_prefill_keeps_the_cache_and_logits_of_one_pass(name):
+    """A prefix of 80 tokens in forwards of at most 12 (the eager kernel's default chunking,
+    scaled down) leaves the cache one pass leaves (the
+    sliding layers' last window - 1 keys included) and the same last logits, also when the
+    kept logits span more than the last chunk."""
+    model = _tiny(name)
+    ids = _random_ids(80, 3)
+    one_cache, one_logits, _ = TeacherForcedEngine(model, prefill_chunk=0).prefill(ids, keep_logits=15)
+    engine = TeacherForcedEngine(model, prefill_chunk=12)
+    chunks = engine._chunks(80, 15)
+    assert len(chunks) > 1 and chunks[-1][1] - chunks[-1][0] >= 15 and chunks[0] == (0, 12)
+    cache, logits, _ = engine.prefill(ids, keep_logits=15)
+    assert logits.shape == one_logits.shape == (15, 300)
+    assert torch.max(torch.abs(logits - one_logits)) < TOL
+    assert cache.get_seq_length() == one_cache.get_seq_length() == 80
+    for a, b in zip(cache.layers, one_cache.layers):
+        assert a.keys.shape == b.keys.shape
+        assert torch.max(torch.abs(a.keys - b.keys)) < TOL and torch.max(torch.abs(a.values - b.values)) < TOL
+
+
+def test_only_the_eager_kernel_chunks_a_long_prefix_by_default():
+    """The eager kernel (Gemma-2's) materialises each layer's score matrix, so its prefixes run
+    in chunks; the fused SDPA kernel runs one pass. A negative chunk is refused."""
+    from fear_assets.lm.engine import EAGER_PREFILL_CHUNK
+    assert TeacherForcedEngine(_tiny("gemma2-alternating")).prefill_chunk == EAGER_PREFILL_CHUNK
+    engine = TeacherForcedEngine(_tiny("llama-gqa"))
+    assert engine.prefill_chunk == 0 and engine._chunks(5000, 1) == [(0, 5000)]
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        TeacherForcedEngine(_tiny("llama-gqa"), prefill_chunk=-1)

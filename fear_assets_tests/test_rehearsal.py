@@ -18,6 +18,7 @@ from fear_assets.core.registered import registered
 from fear_assets.core.settings import REGISTERED_SETTINGS_PATH, load_settings
 from fear_assets.core.site import load_site
 from fear_assets.design.trials import build_grid, registered_selection
+from fear_assets.models.fits import remedy_draws
 from fear_assets.defs.resources.models import LanguageModelResource
 from fear_assets.registration.issue import gate_blocks, issue_record
 from fear_assets.registration.record import write_family_record
@@ -134,6 +135,32 @@ def test_a_rehearsal_runs_its_reduced_power_simulation_not_the_registered_one(tm
     keys = batch_keys_of(rehearsal, PRIMARY)
     assert keys == [f"{s}.f010.b000" for s in ("meaningful", "null")]
     assert len(batch_keys_of(settings, PRIMARY)) > 100 and registered(settings, PRIMARY).power_reduction is None
+
+
+def test_quick_fits_shorten_every_fit_and_the_remedy_of_that_rehearsal_only_and_say_so(tmp_path, raw, settings):
+    """``--quick-fits``: the rehearsal's pilot and analysis fits run one short sampler and no
+    remedy extension (registered in its reduced design, said in its reason); the registered
+    family and a rehearsal without it keep 500 draws and the registered remedy."""
+    quick = _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(quick_fits=True)))
+    view = registered(quick, PRIMARY)
+    assert (view.sampler.draws, view.sampler.tune, view.sampler.chains) == (100, 100, 2)
+    assert remedy_draws(view.sampler.draws, view.convergence_remedy) == [100]
+    assert "short sampler (100 draws after 100 tuning steps, 2 chains)" in quick.family(PRIMARY).reduced_design.reason
+    for unchanged in (settings, _settings(tmp_path, rehearsal_settings(raw, PRIMARY, 1, None), "plain.yaml")):
+        full = registered(unchanged, PRIMARY)
+        assert full.sampler == settings.sampler and full.sampler.draws == 500
+        assert remedy_draws(full.sampler.draws, full.convergence_remedy) == [500, 1500, 2500]
+    assert registered(quick, EMBEDDED).sampler == settings.sampler  # other families keep theirs
+
+
+@pytest.mark.parametrize("field, value, match", [("sampler", {"draws": 0, "tune": 100, "chains": 2}, r"reduced_design\.sampler"),
+                                                 ("sampler", [100], r"reduced_design.*sampler"),
+                                                 ("max_extensions", -1, r"reduced_design.*max_extensions")])
+def test_a_reduced_designs_sampler_and_remedy_are_validated_where_declared(tmp_path, raw, field, value, match):
+    bad = rehearsal_settings(raw, PRIMARY, 1, None, thinning=Thinning(quick_fits=True))
+    bad["families"][PRIMARY]["reduced_design"][field] = value
+    with pytest.raises(SettingsError, match=match):
+        _settings(tmp_path, bad)
 
 
 def test_a_reduced_designs_power_section_is_validated_where_it_is_declared(tmp_path, raw):

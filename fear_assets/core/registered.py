@@ -2,7 +2,7 @@
 
 ``registered(settings, family)`` resolves, once, every choice that depends on the family (the
 embedded demonstration's shorter convergence remedy and reduced power simulation, its
-reduced design) so no consumer repeats the rule. The family's mode (pilot until its
+reduced design, a quick rehearsal's shorter analysis sampler) so no consumer repeats the rule. The family's mode (pilot until its
 registration record is issued, then confirmatory) travels with the view, never with the
 settings, so registering one family changes no registered file and no other family. Seeds come from :meth:`Registered.seed`
 alone: the one derivation of a random stream from the registered master seed.
@@ -10,6 +10,7 @@ alone: the one derivation of a random stream from the registered master seed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fear_assets.core.errors import FearAssetsError
@@ -131,8 +132,14 @@ def registered(settings: ProtocolSettings, family_key: str, mode: str = "pilot")
                               "(registration.issue.family_mode gives a family's mode)")
     family = settings.family(family_key)
     remedy = settings.fitting.convergence_remedy.for_family(family.role == "embedded")
+    sampler, reduced = settings.sampler, family.reduced_design
+    # A rehearsal's reduced design may register a shorter analysis sampler and remedy (said in its reason).
+    if reduced is not None and reduced.sampler is not None:
+        sampler = reduced.sampler
+    if reduced is not None and reduced.max_extensions is not None:
+        remedy = dataclasses.replace(remedy, max_extensions=reduced.max_extensions)
     return Registered(settings=settings, family=family, decision=settings.decision, priors=settings.priors,
-                      sampler=settings.sampler, convergence=settings.convergence,
+                      sampler=sampler, convergence=settings.convergence,
                       simulation_sampler=settings.simulation_sampler,
                       frame_parametrisation=settings.fitting.frame_parametrisation, convergence_remedy=remedy,
                       positive_controls=settings.positive_controls, exclusion=settings.exclusion,

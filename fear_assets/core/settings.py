@@ -180,6 +180,11 @@ class ReducedDesign:
     #: rotation's two orders the two options (rotation-by-order indices k and k + 3), so every cell
     #: and depth still shows each option equally often (4.3).
     rotations_by_depth: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: A rehearsal's shorter sampler for the analysis's fits (``sampler``'s fields; None: the
+    #: registered one). The report's deviations table shows the draws that ran against the registered.
+    sampler: Any = None
+    #: A rehearsal's limit on the convergence remedy's extensions (None: the registered limit).
+    max_extensions: int | None = None
 
     def scores(self, block: str) -> bool:
         """Whether the design scores ``block``."""
@@ -597,6 +602,26 @@ def _rotations_by_depth(path: Path, spec: Any, where: str, n_depths: int) -> dic
     return out
 
 
+def _reduced_sampler(path: Path, where: str, spec: Any):
+    """A reduced design's analysis sampler, checked as ``sampler`` is (None: the registered one)."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise SettingsError(path, where, "sampler", f"{spec!r} is not a mapping",
+                            "write it as the sampler section's fields, e.g. {draws: 100, tune: 100, chains: 2}")
+    return Sampler.from_mapping(path, f"{where}.sampler", spec)
+
+
+def _reduced_max_extensions(path: Path, where: str, value: Any) -> int | None:
+    """A reduced design's limit on the convergence remedy's extensions (None: the registered one)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SettingsError(path, where, "max_extensions", f"{value!r} is not a whole number >= 0",
+                            "write how many extensions the remedy may run, e.g. 0 for none")
+    return value
+
+
 def _depth_tokens_rule_broken(depths: list) -> tuple[str, str] | None:
     """(problem, fix) for the first rule a depth list breaks, each rule checked on its own, so the
     message names the rule actually broken (a negative count is not "not increasing")."""
@@ -654,6 +679,8 @@ def _family(path: Path, key: str, spec: Mapping[str, Any]) -> Family:
             rehearsal=bool(reduced.get("rehearsal", False)),
             power=PowerDemo.from_mapping(path, f"{here}.power", power) if power is not None else None,
             rotations_by_depth=_rotations_by_depth(path, reduced.get("rotations_by_depth") or {}, here, len(depths)),
+            sampler=_reduced_sampler(path, here, reduced.get("sampler")),
+            max_extensions=_reduced_max_extensions(path, here, reduced.get("max_extensions")),
         )
     base = spec.get("base")
     return Family(

@@ -71,7 +71,8 @@ class SiteConfig:
     cpu_threads: int = 0
     #: Documents decoded together by greedy generation.
     generation_batch: int = 16
-    #: Token budget of one packed teacher-forced scoring forward.
+    #: The most new tokens one scoring forward runs: a packed row of continuations, or one
+    #: chunk of a longer prefix (throughput and memory only; the scores are the same).
     pack_tokens: int = 1024
     #: Dagster pool -> slots on this host (e.g. {"gpu": 4} on a four-GPU host).
     pools: Mapping[str, int] = field(default_factory=dict)

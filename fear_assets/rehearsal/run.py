@@ -66,12 +66,17 @@ def parser() -> argparse.ArgumentParser:
                        help="the name rotations built at every depth (default: every registered rotation)")
     quick.add_argument("--events", type=int, default=None, metavar="N",
                        help="secondary-class events per class (default: the registered number)")
+    quick.add_argument("--quick-fits", action="store_true",
+                       help="every fit on the reduced power simulation's short sampler, without the convergence "
+                            "remedy's extensions (default: the registered sampler and remedy)")
     return p
 
 
 def workspace_name(family: str, frames: int, depths: Sequence[int] | None, thinning: Thinning = Thinning()) -> str:
     return (f"{family}-f{frames}" + (f"-d{'-'.join(map(str, depths))}" if depths else "")
-            + ("-thinned" if thinning else ""))
+            + ("-thinned" if any(v is not None for v in (thinning.pilot_frames, thinning.rotations,
+                                                         thinning.events_per_class)) else "")
+            + ("-quickfits" if thinning.quick_fits else ""))
 
 
 def fear(rehearsal: Rehearsal, *argv: str, log: Path) -> int:
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        thinning = thinning_of(args.pilot_frames, args.rotations, args.events)
+        thinning = thinning_of(args.pilot_frames, args.rotations, args.events, quick_fits=args.quick_fits)
         status, _ = rehearse(args.family, args.frames, depths, Path(args.dir) if args.dir else None, args.through,
                              args.device, thinning)
     except RehearsalError as exc:

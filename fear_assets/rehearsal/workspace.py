@@ -45,15 +45,19 @@ class Thinning:
     depths, each through a field the reduced design already has and every design step already
     reads: the pilot frames (``pilot_frames``: these ids), the name rotations built at every
     depth (``rotations_by_depth``; both orders stay, so 4.3's option balance holds) and the
-    secondary-class events per class (``events_per_class``). The default thins nothing: a
-    rehearsal at the registered shape."""
+    secondary-class events per class (``events_per_class``). ``quick_fits``: every fit of the
+    pilot and the analysis on the reduced power simulation's short sampler, without the
+    convergence remedy's extensions (the reduced design's ``sampler`` and ``max_extensions``):
+    every model is still built, compiled and sampled on the rows it reads. The default thins
+    nothing: a rehearsal at the registered shape."""
 
     pilot_frames: tuple[str, ...] | None = None
     rotations: tuple[int, ...] | None = None
     events_per_class: int | None = None
+    quick_fits: bool = False
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.pilot_frames, self.rotations, self.events_per_class))
+        return self.quick_fits or any(v is not None for v in (self.pilot_frames, self.rotations, self.events_per_class))
 
     def said(self) -> str:
         """The clause of the reduction's sentence (empty when nothing is thinned)."""
@@ -64,6 +68,11 @@ class Thinning:
             parts.append(f"name rotation(s) {', '.join(map(str, self.rotations))} only at every depth")
         if self.events_per_class is not None:
             parts.append(f"{self.events_per_class} secondary-class event(s) per class")
+        if self.quick_fits:
+            short = REHEARSAL_POWER["sampler"]
+            parts.append(f"every fit on a short sampler ({short['draws']} draws after {short['tune']} tuning steps, "
+                         f"{short['chains']} chains) without the convergence remedy's extensions, so no contrast "
+                         "can meet the convergence rule")
         return "; ALSO THINNED for a quick check: " + ", ".join(parts) if parts else ""
 
 
@@ -80,10 +89,10 @@ def first_pilot_frames(bank, fears: Sequence[str], per_fear: int) -> tuple[str, 
 
 
 def thinning_of(pilot_frames_per_fear: int | None, rotations: str | None, events_per_class: int | None,
-                settings=None) -> Thinning:
+                settings=None, quick_fits: bool = False) -> Thinning:
     """A :class:`Thinning` from the command line's values (``--pilot-frames N``, ``--rotations
-    R,...``, ``--events N``; None keeps the registered value): the pilot frames resolved to the
-    lowest-numbered ids of each fear in the registered bank."""
+    R,...``, ``--events N``, ``--quick-fits``; None keeps the registered value): the pilot
+    frames resolved to the lowest-numbered ids of each fear in the registered bank."""
     try:
         kept = tuple(int(r) for r in rotations.split(",")) if rotations else None
     except ValueError:
@@ -92,7 +101,7 @@ def thinning_of(pilot_frames_per_fear: int | None, rotations: str | None, events
     if pilot_frames_per_fear is not None:
         settings = settings if settings is not None else load_settings()
         pilot = first_pilot_frames(load_bank(settings=settings), settings.fears, pilot_frames_per_fear)
-    return Thinning(pilot, kept, events_per_class)
+    return Thinning(pilot, kept, events_per_class, bool(quick_fits))
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,9 @@ def rehearsal_settings(raw: Mapping, family: str, frames: int, depths: Sequence[
             raise RehearsalError(f"--events {thinning.events_per_class}: the bank registers {registered_events} events "
                                  f"per class. Fix: keep between 1 and {registered_events}")
         spec["reduced_design"]["events_per_class"] = int(thinning.events_per_class)
+    if thinning.quick_fits:
+        spec["reduced_design"]["sampler"] = dict(REHEARSAL_POWER["sampler"])
+        spec["reduced_design"]["max_extensions"] = 0
     families[family] = spec
     return {**raw, "families": families, "models": models}
 
