@@ -5,7 +5,8 @@ block". It runs the product's own ``fear run`` / ``fear register`` on random-wei
 of the registered architectures with the registered tokenizers, in a workspace of its own.
 
 The first test is also thinned (``Thinning``, said in every output): one pilot frame per fear,
-two of the three name rotations (the probes' folds need two), two events per secondary class.
+two of the three name rotations (the probes' folds need two), two events per secondary class,
+and every fit on a short sampler without the convergence remedy's extensions (``quick_fits``).
 Both are marked slow (``-m slow``): the thinned one still scores about 5,000 documents through
 151k-token vocabularies (about 16 documents/s on 2 cores) and samples every analysis and
 simulated model with nutpie (7,218 s on 2 busy cores: benchmarks/RESULTS.md, "Rehearsal"), far
@@ -44,11 +45,13 @@ def _check(status: int, out: dict, root, depth_keys: set[str]) -> None:
 def test_a_thinned_confirmatory_rehearsal_scores_every_block_fits_confirmatory_rows_and_reports_every_block(
         tmp_path):
     settings = load_settings()
-    thinning = Thinning(first_pilot_frames(load_bank(settings=settings), settings.fears, 1), (1, 2), 2)
+    thinning = Thinning(first_pilot_frames(load_bank(settings=settings), settings.fears, 1), (1, 2), 2,
+                        quick_fits=True)
     root = tmp_path / "rehearsal"
     status, out = rehearse(PRIMARY, frames=1, depths=[0, 256], root=root, thinning=thinning)
     _check(status, out, root, {"d1", "d2"})
     assert "ALSO THINNED" in out["reduction"] and "REHEARSAL" in out["reduction"]
+    assert "short sampler" in out["reduction"]
     report = (root / "reports" / PRIMARY / "stage2_report.html").read_text(encoding="utf-8")
     assert "ALSO THINNED" in report
 

@@ -329,6 +329,11 @@ def gate_c(inputs: Inputs, primary: pd.DataFrame, judge: pd.DataFrame, out: Resu
                                  "judge_sentence_surprisal): its covariates cannot be the tested model's"))
         return
     # Each reader's own pilot residual SD standardises its Delta (4.8, 6.2).
+    if not np.isfinite(tested_sigma):
+        out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_available",
+                                 "the tested model's pilot residual SD is not finite (nu <= 2 in the pilot fit; the "
+                                 "registration record's gate_c_scale gate): no scale to standardise by"))
+        return
     if inputs.pilot_sigma_judge is None or not np.isfinite(inputs.pilot_sigma_judge):
         out.rows.append(_missing("gate_c_judge_H2_difference", "gate", "not_available",
                                  "the judge's pilot residual SD is not in the registration record (score pilot_judge)"))

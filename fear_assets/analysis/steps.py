@@ -152,7 +152,7 @@ def posteriors(view: Registered, bank, confirmatory_scores: pd.DataFrame, pilot_
     inputs = Inputs(
         scores=unmasked, surprisal=sentence_surprisal, fears_of={i: bank.item(i).group for i in unmasked["item_id"].unique()},
         fears=settings.fears, neutral_option=settings.neutral_partner_option, band=band,
-        h5_depth=depth_key(record["h5_depth"]), pilot_sigma=float(record["pilot_sigma"]),
+        h5_depth=depth_key(record["h5_depth"]), pilot_sigma=float("nan") if record["pilot_sigma"] is None else float(record["pilot_sigma"]),
         pilot_sigma_judge=record.get("pilot_sigma_judge"),
         depth_tokens={k: family.tokens_at(family.depth_index(k)) for k in family.depth_keys}, prefix=prefix,
         registered=analysis_registered(view),

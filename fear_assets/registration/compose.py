@@ -8,6 +8,8 @@ record's composition is under the registered code hash.
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -57,12 +59,13 @@ def note_now(record: Mapping[str, Any]) -> dict[str, str | None]:
 
 def pilot_sigmas(pilot_controls: pd.DataFrame) -> dict[str, float | None]:
     """6.2: "only the value of sigma is inserted at registration": each reader's pilot residual
-    SD, as ``pilot_controls`` estimated it (the judge's None where no judge block is scored).
+    SD, as ``pilot_controls`` estimated it (None where no judge block is scored, or where the
+    SD is not finite).
     Rounded to 6 decimals so the frozen value is the one printed."""
     row = pilot_controls.iloc[0]
-    judge = row["pilot_sigma_judge"]
-    return {"pilot_sigma": round(float(row["pilot_sigma"]), 6),
-            "pilot_sigma_judge": None if pd.isna(judge) else round(float(judge), 6)}
+    # None where not scored or not finite (the gate-(c)-scale gate says which); JSON has no inf.
+    value = lambda v: round(float(v), 6) if pd.notna(v) and math.isfinite(float(v)) else None  # noqa: E731
+    return {"pilot_sigma": value(row["pilot_sigma"]), "pilot_sigma_judge": value(row["pilot_sigma_judge"])}
 
 
 def compose_record(settings, family_key: str, mode: str, hashes: Mapping[str, str], names: list[str], frames: list[str],

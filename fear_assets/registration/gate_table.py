@@ -38,6 +38,9 @@ FIXES: Mapping[str, str] = {
     "positive_controls": "strengthen the failing controls' manipulations (4.6 allows this once, before "
                          "registration), then re-run pilot_control_scores, pilot_controls and registration_record",
     "frame_selection": "run the new frames through the pilot gates, then registration_record (4.3)",
+    "gate_c_scale": "check the pilot's report scores for a few extreme Deltas (a scoring fault gives the "
+                    "Student-t residual nu <= 2); if the scores are right, gate (c)'s scale needs a protocol "
+                    "amendment before registration (6.2 standardises by a residual SD, which does not exist here)",
 }
 #: The power gate's fix depends on why it failed (``registration.gates.power_gate``).
 POWER_FIXES: Mapping[str, str] = {

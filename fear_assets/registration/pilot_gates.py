@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from fear_assets.stimuli.name_gate import selected_names
+from fear_assets.pilot.gate_c_scale import sigma_gate
 from fear_assets.pilot.matching import final_bank_matching, matching_problems, select_frames
 from fear_assets.pilot.zero_preference import content_slot_rewrites, rewrite_message
 from fear_assets.registration.gate_table import gate_fix
@@ -128,6 +129,8 @@ def registration_gates(name_gate: pd.DataFrame, matched: pd.DataFrame, matching_
                                     "numbers": {r.control: f"{r.mean:.3f} [{r.hdi_low:.3f}, {r.hdi_high:.3f}]"
                                                 for r in pilot_controls.itertuples()},
                                     "message": "; ".join(f"{r.control}: {r.reason}" for r in pilot_controls.itertuples())},
+        "gate_c_scale (6.2)": sigma_gate(float(pilot_controls["pilot_sigma"].iloc[0]),
+                                         float(pilot_controls["pilot_sigma_judge"].iloc[0])),
         "frame_selection (4.3)": {"passed": not shortfall, "numbers": {"confirmatory frames": len(frames)},
                                   "message": "every fear has its frames" if not shortfall else
                                   "write " + ", ".join(f"{n} frame(s) for {f}" for f, n in shortfall.items())},

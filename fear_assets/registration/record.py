@@ -155,7 +155,8 @@ def markdown(record: Mapping[str, Any]) -> str:
               f"- Names (self, peer, person, addressee, other person): {', '.join(record['selected_names'])}",
               f"- Depth band (H1-H4): {', '.join('d' + str(d) for d in record['depth_band'])} ({record['band_rule']})",
               f"- H5 depth: d{record['h5_depth']} ({record['h5_rule']})",
-              f"- Pilot residual SD (gate (c) scale): {record['pilot_sigma']}"
+              f"- Pilot residual SD (gate (c) scale): "
+              + (str(record['pilot_sigma']) if record['pilot_sigma'] is not None else "not finite (gate_c_scale)")
               + (f"; judge {record['pilot_sigma_judge']}" if record.get("pilot_sigma_judge") is not None else ""),
               f"- Confirmatory frames ({len(record['selected_frames'])}): {', '.join(record['selected_frames'])}"]
     if record.get("replacements"):

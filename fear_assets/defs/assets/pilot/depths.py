@@ -1,5 +1,7 @@
 """The depth band and H5 depth (protocol 5) and the positive controls (4.6, D4) of the pilot."""
 
+import math
+
 import dagster as dg
 import pandas as pd
 
@@ -56,7 +58,8 @@ def pilot_controls(context: dg.AssetExecutionContext, protocol: ProtocolResource
     result = step.table
     return dg.Output(result, metadata=named_metadata(context, {
         "controls": md_table(result[["control", "mean", "hdi_low", "hdi_high", "passed", "reason"]]),
-        "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)": round(step.sigma, 4),
+        "pilot sigma (gate (c) scale; SD implied by the Student-t fit, all pilot depths)":
+            round(step.sigma, 4) if math.isfinite(step.sigma) else "not finite (nu <= 2): the gate_c_scale gate fails",
         # How many model shapes this step compiled (others reused from an earlier step of the
         # process): run metadata, not part of the stored table, which is the same either way.
         "model compilations": step.compilations,
