@@ -84,3 +84,30 @@ def test_gate_c_is_not_available_without_the_tested_models_scale(settings):
     gate_c(inputs, simulate(frames=1), simulate(frames=1), out, fit_remedied=None)
     (row,) = out.rows
     assert row["status"] == "not_available" and "tested model's pilot residual SD is not finite" in row["note"]
+
+
+def test_the_power_simulation_does_not_simulate_gate_c_without_a_scale_and_says_why(settings):
+    """The power step read a judge sigma of +inf as a corrupt table and stopped (the gemma-2-9b
+    rehearsal again); and a tested pilot fit with nu <= 2 has no scale to put gate (c)'s truth on.
+    Both now leave gate (c) not simulated (not computable, never met), with the reason."""
+    import dataclasses
+
+    from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS
+    from fear_assets.simulation.pilot_scales import JUDGE_NOT_FINITE, NO_JUDGE, judge_note, pilot_judge_sigma
+    from fear_assets.simulation.runner import Rules, not_simulated, truths
+    from fear_assets_tests.test_power import _all_estimates
+
+    infinite = pd.DataFrame({"pilot_sigma_judge": [math.inf, math.inf]})
+    assert pilot_judge_sigma(infinite) is None and judge_note(None, infinite) == JUDGE_NOT_FINITE
+    unscored = pd.DataFrame({"pilot_sigma_judge": [float("nan")]})
+    assert pilot_judge_sigma(unscored) is None and judge_note(None, unscored) == NO_JUDGE
+    with pytest.raises(ValueError, match="one positive value"):
+        pilot_judge_sigma(pd.DataFrame({"pilot_sigma_judge": [0.4, 0.5]}))
+
+    est = _all_estimates()
+    assert "gate_c" not in not_simulated(est, PRIMARY_MODEL_BLOCKS)
+    heavy = dataclasses.replace(est, nu=1.8)
+    assert "no finite SD" in not_simulated(heavy, PRIMARY_MODEL_BLOCKS)["gate_c"]
+    rules = Rules(0.99, 0.15, 0.30, settings.convergence, 0.15, 0.0, 1.5)
+    assert truths("meaningful", rules, est)["gate_c"] > 0
+    assert math.isnan(truths("meaningful", rules, heavy)["gate_c"])  # no truth: not simulated, not labelled

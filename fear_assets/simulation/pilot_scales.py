@@ -30,6 +30,8 @@ from fear_assets.simulation.generator import pilot_estimates
 NO_RECALL = "gate (b) generated from the report fit: the pilot scored no recall"
 #: Said where gate (c)'s judge falls back to the tested model's scale.
 NO_JUDGE = "gate (c)'s judge generated at the tested model's residual scale: the pilot scored no judge block"
+JUDGE_NOT_FINITE = ("gate (c)'s judge generated at the tested model's residual scale: the judge's pilot residual "
+                    "has no finite SD (nu <= 2; the gate_c_scale registration gate fails)")
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,20 @@ def pilot_judge_sigma(pilot_controls: pd.DataFrame) -> float | None:
     values = pd.to_numeric(pilot_controls["pilot_sigma_judge"], errors="coerce").dropna().unique()
     if len(values) == 0:
         return None
+    if len(values) == 1 and values[0] == np.inf:
+        # No finite SD (nu <= 2 in the judge's pilot fit): the gate_c_scale registration gate
+        # fails; the simulated judge takes the tested model's scale and the note says why.
+        return None
     if len(values) > 1 or not (np.isfinite(values[0]) and values[0] > 0):
         raise ValueError(f"pilot_controls holds judge sigmas {sorted(values.tolist())}: one positive value "
                          "is expected; re-materialise pilot_controls")
     return float(values[0])
 
 
-def judge_note(judge_sigma: float | None) -> str:
+def judge_note(judge_sigma: float | None, pilot_controls: pd.DataFrame | None = None) -> str:
     """What the step says about gate (c)'s judge scale."""
     if judge_sigma is None:
-        return NO_JUDGE
+        stored = (pd.to_numeric(pilot_controls["pilot_sigma_judge"], errors="coerce")
+                  if pilot_controls is not None and "pilot_sigma_judge" in pilot_controls.columns else pd.Series([]))
+        return JUDGE_NOT_FINITE if (stored == np.inf).any() else NO_JUDGE
     return f"the judge's pilot residual SD {number(judge_sigma)} (pilot_controls, as gate (c) reads it)"

@@ -74,7 +74,7 @@ def truths(scenario: str, rules: Rules, est: PilotEstimates) -> dict[str, float]
 
     size = scenario_size(scenario, {"meaningful": rules.meaningful, "sesoi": rules.sesoi})
     out = {"H1": size, "H2": size, "H3": size, "H4": size, "H5": size, "gate_a": size, "gate_b": size,
-           "gate_c": size / pilot_residual_sd(est)}
+           "gate_c": size / pilot_residual_sd(est) if est.nu > 2 else float("nan")}  # nan: not simulated
     out.update({f"control_{k}": v for k, v in est.controls.items()})
     return out
 
@@ -87,6 +87,8 @@ def not_simulated(est: PilotEstimates, blocks: Sequence[str]) -> dict[str, str]:
         out["H4"] = "no pilot H4 (probe log-odds) estimates"
     if "forced_choice" in blocks and est.h5 is None:
         out["H5"] = "no pilot H5 (probit) estimates"
+    if "judge" in blocks and not est.nu > 2:
+        out["gate_c"] = f"the pilot residual has no finite SD (nu {est.nu:.2f} <= 2): gate (c) has no scale (6.2)"
     for block in blocks:
         if block.startswith("control_") and block.removeprefix("control_") not in est.controls:
             out[block] = f"no pilot estimate of {block}"

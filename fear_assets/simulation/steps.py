@@ -91,8 +91,8 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
                          "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"],
                          "recall_trials": recall.trials, "recall_max_rhat": recall.max_rhat,
-                         "gate_b_source": recall.note, "judge_source": judge_note(judge_sigma)}])
-    return PilotEstimatesResult(out, tuple(band), len(table), est, controls, recall.note, judge_note(judge_sigma))
+                         "gate_b_source": recall.note, "judge_source": judge_note(judge_sigma, pilot_controls)}])
+    return PilotEstimatesResult(out, tuple(band), len(table), est, controls, recall.note, judge_note(judge_sigma, pilot_controls))
 
 
 @dataclass(frozen=True)
