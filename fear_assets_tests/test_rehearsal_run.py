@@ -9,8 +9,9 @@ two of the three name rotations (the probes' folds need two), two events per sec
 and every fit on a short sampler without the convergence remedy's extensions (``quick_fits``).
 Both are marked slow (``-m slow``): the thinned one still scores about 5,000 documents through
 151k-token vocabularies (about 16 documents/s on 2 cores) and samples every analysis and
-simulated model with nutpie (7,218 s on 2 busy cores: benchmarks/RESULTS.md, "Rehearsal"), far
-beyond the 5 minutes the default suite can give it; the unthinned one about 11,000."""
+simulated model with nutpie (7,218 s on 2 busy cores under the registered sampler and remedy;
+gemma-2-9b with quick fits 3,551 s: benchmarks/RESULTS.md, "Rehearsal"), far beyond the 5 minutes
+the default suite can give it; the unthinned one about 11,000."""
 
 from __future__ import annotations
 
