@@ -74,8 +74,7 @@ def parser() -> argparse.ArgumentParser:
 
 def workspace_name(family: str, frames: int, depths: Sequence[int] | None, thinning: Thinning = Thinning()) -> str:
     return (f"{family}-f{frames}" + (f"-d{'-'.join(map(str, depths))}" if depths else "")
-            + ("-thinned" if any(v is not None for v in (thinning.pilot_frames, thinning.rotations,
-                                                         thinning.events_per_class)) else "")
+            + ("-thinned" if thinning.thins_design else "")
             + ("-quickfits" if thinning.quick_fits else ""))
 
 

@@ -56,8 +56,13 @@ class Thinning:
     events_per_class: int | None = None
     quick_fits: bool = False
 
+    @property
+    def thins_design(self) -> bool:
+        """Whether fewer documents are built (pilot frames, rotations or events), not only fits."""
+        return any(v is not None for v in (self.pilot_frames, self.rotations, self.events_per_class))
+
     def __bool__(self) -> bool:
-        return self.quick_fits or any(v is not None for v in (self.pilot_frames, self.rotations, self.events_per_class))
+        return self.quick_fits or self.thins_design
 
     def said(self) -> str:
         """The clause of the reduction's sentence (empty when nothing is thinned)."""

@@ -139,10 +139,15 @@ def h5_frame_deviations(h5: H5Estimates, n_cells: int, n_frames: int, inflation:
     return (rng.standard_normal((n_frames, n_cells)) @ np.linalg.cholesky(corr).T) * sd
 
 
+def residual_sd_exists(est: PilotEstimates) -> bool:
+    """Whether the Student-t residual at the pilot estimates has a finite SD (nu > 2)."""
+    return est.nu > 2
+
+
 def pilot_residual_sd(est: PilotEstimates) -> float:
     """The Student-t residual SD at the pilot estimates, sigma * sqrt(nu / (nu - 2)): gate (c)'s
     sigma (6.2; ``primary_model.implied_residual_sd`` reads it from a posterior)."""
-    if not est.nu > 2:
+    if not residual_sd_exists(est):
         raise ValueError(f"pilot nu {est.nu} <= 2: the Student-t residual has no finite SD, gate (c) has no scale")
     return float(est.sigma * np.sqrt(est.nu / (est.nu - 2.0)))
 

@@ -32,7 +32,7 @@ from fear_assets.models.primary_model import Fitter, divergences, frame_form_of,
 from fear_assets.simulation.blocks import REPORTED, WITH_PRIMARY, check_blocks, dataset_seed, simulate_blocks
 from fear_assets.simulation.design import SimulatedDesign
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates, scenario_size
-from fear_assets.simulation.models import pilot_residual_sd
+from fear_assets.simulation.models import pilot_residual_sd, residual_sd_exists
 
 __all__ = ["REPORTED", "WITH_PRIMARY", "LABEL_COLUMNS", "Rules", "dataset_seed", "truths", "not_simulated",
            "fit_dataset", "run_batch"]
@@ -74,7 +74,7 @@ def truths(scenario: str, rules: Rules, est: PilotEstimates) -> dict[str, float]
 
     size = scenario_size(scenario, {"meaningful": rules.meaningful, "sesoi": rules.sesoi})
     out = {"H1": size, "H2": size, "H3": size, "H4": size, "H5": size, "gate_a": size, "gate_b": size,
-           "gate_c": size / pilot_residual_sd(est) if est.nu > 2 else float("nan")}  # nan: not simulated
+           "gate_c": size / pilot_residual_sd(est) if residual_sd_exists(est) else float("nan")}  # nan: not simulated
     out.update({f"control_{k}": v for k, v in est.controls.items()})
     return out
 
@@ -87,7 +87,7 @@ def not_simulated(est: PilotEstimates, blocks: Sequence[str]) -> dict[str, str]:
         out["H4"] = "no pilot H4 (probe log-odds) estimates"
     if "forced_choice" in blocks and est.h5 is None:
         out["H5"] = "no pilot H5 (probit) estimates"
-    if "judge" in blocks and not est.nu > 2:
+    if "judge" in blocks and not residual_sd_exists(est):
         out["gate_c"] = f"the pilot residual has no finite SD (nu {est.nu:.2f} <= 2): gate (c) has no scale (6.2)"
     for block in blocks:
         if block.startswith("control_") and block.removeprefix("control_") not in est.controls:

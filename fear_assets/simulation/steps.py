@@ -88,11 +88,12 @@ def power_pilot_estimates(view: Registered, bank, pilot_scores: pd.DataFrame, as
         h4 = h4_pilot_fit(h4_table, settings.fears, Priors.from_settings(settings), int(s.draws), int(s.tune),
                           int(s.chains), view.seed("power_pilot_h4", family_key))
         est = dataclasses.replace(est, h4=h4, h5=h5.as_dict())
+    judge = judge_note(judge_sigma, pilot_controls)
     out = pd.DataFrame([{"family": family_key, "estimates_json": json.dumps(est.as_dict(), sort_keys=True),
                          "band": ",".join(band), "pilot_trials": len(table), "max_rhat": fit.diagnostics["max_rhat"],
                          "recall_trials": recall.trials, "recall_max_rhat": recall.max_rhat,
-                         "gate_b_source": recall.note, "judge_source": judge_note(judge_sigma, pilot_controls)}])
-    return PilotEstimatesResult(out, tuple(band), len(table), est, controls, recall.note, judge_note(judge_sigma, pilot_controls))
+                         "gate_b_source": recall.note, "judge_source": judge}])
+    return PilotEstimatesResult(out, tuple(band), len(table), est, controls, recall.note, judge)
 
 
 @dataclass(frozen=True)
