@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 import uuid
 from argparse import Namespace
@@ -27,6 +28,7 @@ from fear_assets.core.errors import FearAssetsError
 from fear_assets.core.site import SITE_ENV
 from fear_assets.defs import cli, commands
 from fear_assets.defs import main as main_job
+from fear_assets.defs import orphans
 from fear_assets.defs.definitions import STAGE_NAMES
 from fear_assets.registration import issue
 
@@ -172,13 +174,16 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _orphan(instance, pid: int) -> str:
+def _orphan(instance, pid: int, pool: str = "gpu", host: str | None = None,
+            status: dg.DagsterRunStatus = dg.DagsterRunStatus.STARTED, slots: int = 1) -> str:
+    """A run as a process killed mid-step leaves it: STARTED, tagged with its pid and host, holding
+    a slot of ``pool``."""
     run_id = str(uuid.uuid4())
-    instance.add_run(dg.DagsterRun(job_name="pilot_by_family_job", run_id=run_id, status=dg.DagsterRunStatus.STARTED,
-                                   tags={main_job.PID_TAG: str(pid), main_job.HOST_TAG: socket.gethostname(),
+    instance.add_run(dg.DagsterRun(job_name="pilot_by_family_job", run_id=run_id, status=status,
+                                   tags={main_job.PID_TAG: str(pid), main_job.HOST_TAG: host or socket.gethostname(),
                                          main_job.FAMILY_TAG: EMBEDDED}))
-    instance.event_log_storage.set_concurrency_slots("gpu", 1)
-    claim = instance.event_log_storage.claim_concurrency_slot("gpu", run_id, "binding_results")
+    instance.event_log_storage.set_concurrency_slots(pool, slots)
+    claim = instance.event_log_storage.claim_concurrency_slot(pool, run_id, "binding_results")
     assert claim.is_claimed
     return run_id
 
@@ -210,6 +215,44 @@ def test_cancel_refuses_a_run_whose_process_is_alive_unless_forced(home, capsys)
     assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.STARTED and _gpu_holders(instance) == {run_id}
     assert commands.cancel(Namespace(run_id=run_id, force=True)) == 0
     assert _gpu_holders(instance) == set()
+
+
+def test_a_stage_loop_clears_only_the_runs_that_cannot_be_working(home, capsys, monkeypatch):
+    """Killed on this host (its pid gone) or ended while holding a slot: cleared, with the pools
+    it freed. Alive, or on another host (its pid means nothing here): kept, and named where it
+    holds a slot the loop's steps would wait for."""
+    instance = dg.DagsterInstance.get()
+    killed = _orphan(instance, _dead_pid(), pool="gpu")
+    ended = _orphan(instance, os.getpid(), pool="power", status=dg.DagsterRunStatus.FAILURE)
+    working = _orphan(instance, os.getpid(), pool="duckdb", slots=2)
+    elsewhere = _orphan(instance, _dead_pid(), pool="duckdb", host="another-host", slots=2)
+    cleared, left = orphans.clear_dead_runs(instance)
+    assert {(o.run_id, tuple(pools)) for o, pools in cleared} == {(killed, ("gpu",)), (ended, ("power",))}
+    assert instance.get_run_by_id(killed).status == dg.DagsterRunStatus.CANCELED
+    assert instance.get_run_by_id(ended).status == dg.DagsterRunStatus.FAILURE  # an ended run keeps its status
+    assert left == [] and _gpu_holders(instance) == set()
+    duckdb_holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("duckdb").claimed_slots}
+    assert duckdb_holders == {working, elsewhere}
+    # Silent for an hour: listed, but not cleared (another host's run may be working), and named.
+    later = time.time() + orphans.STALE_S + 60
+    assert {o.run_id: o.dead for o in orphans.orphaned_runs(instance, now=later)} == {working: False, elsewhere: False}
+    monkeypatch.setattr(orphans.time, "time", lambda: later)
+    orphans.report_orphans(instance)
+    out = capsys.readouterr().out
+    assert f"WAITING RISK: run {elsewhere}" in out and f"fear cancel {elsewhere}" in out and "cleared" not in out
+    assert instance.get_run_by_id(elsewhere).status == dg.DagsterRunStatus.STARTED
+
+
+def test_fear_run_after_a_run_was_killed_holding_the_pool_slot_clears_it_instead_of_waiting_for_ever(home):
+    """Found by a rehearsal: a `fear run` killed mid-step kept its pool slot, and the next `fear run`
+    waited for it without end or message. Now the next run clears it, says so, and runs."""
+    instance = dg.DagsterInstance.get()
+    killed = _orphan(instance, _dead_pid(), pool="duckdb")  # the stimuli steps' pool
+    done = _fear("run", EMBEDDED, "--through", "stimuli", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"cleared run {killed[:8]}" in done.stdout and "freed its slots: duckdb" in done.stdout
+    assert "[stimuli] name_gate" in done.stdout
+    assert instance.get_run_by_id(killed).status == dg.DagsterRunStatus.CANCELED
 
 
 def test_cancel_of_an_unknown_run_names_where_to_find_the_id(home, capsys):

@@ -4,15 +4,14 @@
 instance recorded: each asset's materialised partitions against those the family's registered
 design expects, and each check's latest evaluation on them. Runs left in progress by a worker
 that is gone (killed, host rebooted) keep their pool slots, so every later model step waits
-"blocked by limit for pool gpu": ``status`` lists them and ``cancel`` clears one.
+"blocked by limit for pool gpu": ``status`` lists them, ``cancel`` clears one, and every stage
+loop clears those that provably cannot be working (``defs.orphans``).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,20 +26,15 @@ import dagster as dg  # noqa: E402 (after the warning capture above)
 
 from fear_assets.core.errors import FearAssetsError  # noqa: E402
 from fear_assets.core.settings import PROJECT_ROOT  # noqa: E402
-from fear_assets.core.site import POOLS, load_site  # noqa: E402
+from fear_assets.core.site import load_site  # noqa: E402
 from fear_assets.defs import main as main_job  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.instance import apply_pools, check_evaluations  # noqa: E402
+from fear_assets.defs.orphans import IN_PROGRESS, alive, free_run, orphaned_runs, worker_pid  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
 from fear_assets.registration.issue import issue_record  # noqa: E402
 
-#: Run states that hold (or wait for) pool slots; one of them with its worker gone is orphaned.
-IN_PROGRESS = (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.QUEUED,
-               dg.DagsterRunStatus.CANCELING)
-#: A run in progress with no event for this long is listed as possibly orphaned: every model
-#: step logs its progress (``defs.progress``) far more often than this.
-STALE_S = 3600.0
 
 
 def usage_error(message: str) -> int:
@@ -214,66 +208,6 @@ def next_action(states: list[StageState], family: str, confirmatory: bool) -> st
     return f"none: every stage of {family} is materialised (the Stage 2 report: the reading stage's stage2_report)"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: asks whether the process exists, sends nothing
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _worker_pid(instance, run) -> int | None:
-    """The process executing ``run``: the tag ``fear run`` / ``fear demo`` set, else the run
-    worker the code server started (its engine event)."""
-    if run.tags.get(main_job.HOST_TAG) == socket.gethostname() and run.tags.get(main_job.PID_TAG, "").isdigit():
-        return int(run.tags[main_job.PID_TAG])
-    for entry in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
-        if entry.message.startswith("Started process for run") and entry.dagster_event is not None:
-            pid = entry.dagster_event.event_specific_data.metadata.get("pid")
-            if pid is not None:
-                return int(pid.value)
-    return None
-
-
-@dataclass(frozen=True)
-class Orphan:
-    run_id: str
-    job: str
-    status: str
-    why: str
-
-
-def orphaned_runs(instance, now: float | None = None) -> list[Orphan]:
-    """Runs in progress whose worker is gone or that logged nothing for ``STALE_S``, and runs
-    that ended still holding pool slots."""
-    now = time.time() if now is None else now
-    orphans = []
-    for record in instance.get_run_records(dg.RunsFilter(statuses=list(IN_PROGRESS))):
-        run = record.dagster_run
-        pid = _worker_pid(instance, run)
-        last = instance.event_log_storage.get_records_for_run(run.run_id, ascending=False, limit=1).records
-        since = now - (last[0].event_log_entry.timestamp if last else record.create_timestamp.timestamp())
-        if pid is not None and not _alive(pid):
-            why = f"its process {pid} is gone"
-        elif since > STALE_S:
-            why = f"no event for {since / 60:.0f} min"
-        else:
-            continue
-        orphans.append(Orphan(run.run_id, run.job_name, run.status.value, why))
-    listed = {o.run_id for o in orphans}
-    for pool in POOLS:
-        for slot in instance.event_log_storage.get_concurrency_info(pool).claimed_slots:
-            run = instance.get_run_by_id(slot.run_id)
-            if slot.run_id in listed or (run is not None and run.status in IN_PROGRESS):
-                continue
-            listed.add(slot.run_id)
-            orphans.append(Orphan(slot.run_id, run.job_name if run else "?", run.status.value if run else "unknown",
-                                  f"it ended but still holds a slot of pool {pool!r}"))
-    return orphans
-
-
 def status(args) -> int:
     os.chdir(PROJECT_ROOT)  # dagster.yaml keeps the instance under $DAGSTER_HOME/.dagster
     settings = ProtocolResource().settings()
@@ -305,26 +239,18 @@ def status(args) -> int:
 # ---- fear cancel, register, demo, ui --------------------------------------------------------
 
 
-def _held_slots(instance, run_id: str) -> list[str]:
-    return [pool for pool in POOLS for slot in instance.event_log_storage.get_concurrency_info(pool).claimed_slots
-            if slot.run_id == run_id]
-
-
 def cancel(args) -> int:
     instance = dg.DagsterInstance.get()
     run = instance.get_run_by_id(args.run_id)
     if run is None:
         return usage_error(f"no run {args.run_id!r} in the instance at {os.environ.get('DAGSTER_HOME')}: "
                            "copy its id from `fear status FAMILY` or the UI's Runs page")
-    pid = _worker_pid(instance, run)
-    if run.status in IN_PROGRESS and pid is not None and _alive(pid) and not args.force:
+    pid = worker_pid(instance, run)
+    if run.status in IN_PROGRESS and pid is not None and alive(pid) and not args.force:
         print(f"fear cancel: run {run.run_id} is {run.status.value} and its process {pid} is alive: stop it in the "
               "UI (Runs, Terminate), or pass --force to mark it canceled anyway", file=sys.stderr)
         return 1
-    held = _held_slots(instance, run.run_id)
-    if run.status in IN_PROGRESS:
-        instance.report_run_canceled(run, message="Marked canceled by `fear cancel`: its worker is gone.")
-    instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+    held = free_run(instance, run.run_id, "Marked canceled by `fear cancel`: its worker is gone.")
     after = instance.get_run_by_id(run.run_id)
     print(f"run {run.run_id} ({run.job_name}): {run.status.value} -> {after.status.value}; freed slots: "
           f"{', '.join(held) or 'none held'}")

@@ -42,6 +42,7 @@ import dagster as dg  # noqa: E402 (after the warning capture above)
 from fear_assets.defs.automation import failure_text  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.instance import check_evaluations  # noqa: E402
+from fear_assets.defs.orphans import HOST_TAG, PID_TAG, report_orphans  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
@@ -52,9 +53,8 @@ from fear_assets.registration.record import analysis_code_sha256  # noqa: E402
 #: The console shows INFO and above (progress of long steps), not Dagster's DEBUG events;
 #: everything is still in the instance's event log and the UI.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-#: Run tags naming the process that executes a run in process: ``fear status`` tells a run
-#: whose process is gone (killed, host rebooted) from one still working.
-PID_TAG, HOST_TAG, FAMILY_TAG = "fear/pid", "fear/host", "fear/family"
+#: The family a run's steps belong to (the process tags PID_TAG, HOST_TAG: ``defs.orphans``).
+FAMILY_TAG = "fear/family"
 #: The registered inputs a run was built from (``inputs_tags``).
 CODE_TAG, SETTINGS_TAG, BANK_TAG = "fear/code_sha256", "fear/settings_sha256", "fear/bank_sha256"
 #: A file each step's figures are appended to as JSON lines (stage, assets, partition, seconds,
@@ -222,8 +222,13 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
     ``kept(step, key)`` (``fear run``; the demo runs everything): True keeps a partition that
     an earlier run finished, a :class:`Stop` stops at a gate that failed there earlier (a check
     blocks only inside its own run). It is asked only until a step has run: what follows a
-    rerun step is rerun, since its inputs changed."""
+    rerun step is rerun, since its inputs changed.
+
+    First it clears the runs that cannot be working but hold pool slots (killed mid-step: its
+    steps would wait for them for ever) and names those that might still be (``defs.orphans``)."""
     partition_keys = family_partition_keys(settings, family)
+    # A run killed mid-step keeps its pool slot, and this loop's steps would wait for it for ever.
+    report_orphans(instance)
     tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family, **(tags or {})}
     resuming = kept is not None
     for step in plan(defs, stages):

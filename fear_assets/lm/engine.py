@@ -329,7 +329,8 @@ class TeacherForcedEngine:
                 ids += body
                 q_pos += range(n_ctx + len(prompt), n_ctx + len(prompt) + len(body))
                 seg += [s] * len(body)
-        logits_at: dict[int, torch.Tensor] = {}  # row index -> log-softmax row
+        lp: torch.Tensor | None = None  # log-softmax of the kept rows, in row order
+        row_of: dict[int, int] = {}  # packed row index -> its row in lp
         recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         stored = self._stored_positions(cache)
         if ids:
@@ -363,19 +364,23 @@ class TeacherForcedEngine:
                                  attention_mask=self._attention_mask(masks), position_ids=qp[None], cache=view,
                                  use_cache=True, logits_to_keep=torch.tensor(keep, device=self.device))
             lp = _log_softmax(out.logits[0])
-            logits_at = {j: lp[k] for k, j in enumerate(keep)}
+            row_of = {j: k for k, j in enumerate(keep)}
         for g, (prompt, idx) in enumerate(chunk):
             start, length = prompt_at[g]
-            last = logits_at[start + length - 1] if length else _log_softmax(prefix_last)
+            last = lp[row_of[start + length - 1]] if length else _log_softmax(prefix_last)
+            top: int | None = None  # the argmax of ``last``, shared by the group's requests
             for i in idx:
                 r = requests[i]
                 if r.kind == LOGLIKELIHOOD:
                     cont = r.continuation
                     lps = [float(last[cont[0]])]
-                    greedy = int(last.argmax()) == cont[0]
+                    top = int(last.argmax()) if top is None else top
+                    greedy = top == cont[0]
                     if i in cont_at:
                         c_start, c_len = cont_at[i]
-                        rows = torch.stack([logits_at[j] for j in range(c_start, c_start + c_len)])
+                        # A view, not a copy: ``keep`` is sorted and holds every continuation row.
+                        k0 = row_of[c_start]
+                        rows = lp[k0:k0 + c_len]
                         targets = torch.tensor(cont[1:], device=self.device)
                         lps += rows.gather(-1, targets[:, None])[:, 0].tolist()
                         greedy = greedy and bool((rows.argmax(-1) == targets).all())
