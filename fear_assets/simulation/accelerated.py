@@ -25,8 +25,16 @@ from typing import Sequence
 import numpy as np
 
 from fear_assets.simulation.blocks import BlockData
-from fear_assets.simulation.vectorised import (BatchedChEES, BatchedNUTS, JaxifiedModel, constrained_fn,
-                                               jaxified_logdensity)
+from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES, BatchedNUTS, FrozenHMC, JaxifiedModel,
+                                               constrained_fn, jaxified_logdensity)
+
+#: The candidate of the CPU validation (issue 28): jittered HMC with every dataset's own warm-up
+#: (``vectorised.BatchedAdaptiveHMC``). Not a registered ``simulation_sampler.algorithm`` until
+#: its validation passes and the section is registered again.
+ADAPTIVE = "adaptive_hmc"
+#: Its target acceptance: above HMC's asymptotic optimum (0.65) because a divergent draw fails
+#: the registered convergence rule (divergences_max 0); 0.8 left divergences at 50 frames.
+ADAPTIVE_TARGET_ACCEPT = 0.9
 
 #: Per model kind, the variables the reported contrasts are read from (all untransformed).
 CONTRAST_VARIABLES = {"primary": ("intercept", "beta"), "joint": ("intercept", "beta", "block_beta"),
@@ -127,7 +135,14 @@ def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, k
     s = sampler_settings
     keep = prog.keep_fn() if keep is None else keep
     timings: dict = {}
-    if s.algorithm == "chees_hmc":
+    if s.algorithm == ADAPTIVE:
+        # no pilot: every dataset adapts from a cold start (seeded jitter about PyMC's initial point)
+        sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
+                                     target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT))
+        rng = np.random.default_rng(seed)
+        params = FrozenHMC(0.05, 1.0, np.ones(prog.jm.dim),
+                           prog.jm.x0 + 0.5 * rng.uniform(-1.0, 1.0, (s.chains, prog.jm.dim)))
+    elif s.algorithm == "chees_hmc":
         sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)
         params = sampler.tune(Y_pilot[:s.pilot_datasets], seed, s.pilot_steps, s.chains, timings=timings)
     else:
@@ -161,3 +176,24 @@ def fit_batch(tuned: Tuned, Y: np.ndarray, seed: int, warmup: int, draws: int) -
     timings: dict = {}
     out = tuned.sampler.fit_kept(Y, tuned.params, seed, warmup, draws, timings=timings)
     return {**out, "timings": timings}
+
+
+def extend_batch(tuned: Tuned, Y: np.ndarray, fit: dict, seed: int, draws: int) -> dict:
+    """The registered convergence remedy on the accelerator path (``adaptive_hmc`` only): every
+    dataset of the batch continues its chains for ``draws`` more draws with its adapted kernel
+    (the whole batch, so the draws stay one array; a production batch would extend only its
+    failing datasets, in the next batch). ``timings`` gains ``extension_compile_s``/``_run_s``."""
+    t: dict = {}
+    out = tuned.sampler.extend(Y, fit, seed, draws, timings=t)
+    timings = dict(fit["timings"])
+    timings.update({"extension_compile_s": t["compile_s"], "extension_run_s": t["run_s"]})
+    return {**out, "timings": timings}
+
+
+def frame_form(b: BlockData, rule) -> str | None:
+    """The frame form the registered rule picks for a primary-model block's data (None for
+    the joint and H5 models, whose form is fixed): datasets of one design but different forms
+    are fitted by different programs, as the nutpie loop fits each in its own form."""
+    from fear_assets.models.parametrisation import frame_parametrisation
+
+    return frame_parametrisation(b.data, rule) if b.kind == "primary" and rule is not None else None

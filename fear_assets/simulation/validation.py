@@ -43,12 +43,13 @@ def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope:
 
 def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray], hdi_prob: float,
                  ropes: Mapping[str, float]) -> dict:
-    """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws).
+    """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws)
+    (or K arrays of (chains, draws)).
     Returns the largest |z| per statistic and overall, the bound, the label flips (all, and
     those not near a boundary) and ``passed``."""
     rows = []
     for name in short:
-        for k in range(short[name].shape[0]):
+        for k in range(len(short[name])):
             c = compare_contrast(short[name][k], long[name][k], hdi_prob, ropes[name])
             rows.append({"contrast": name, "dataset": k, **{f"z_{s}": c["z"][s] for s in dg.STATISTICS},
                          "label": c["label"], "reference_label": c["reference_label"], "flip": c["flip"],
@@ -67,11 +68,11 @@ def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.nd
     """Per reported contrast, how many datasets miss the registered convergence rule (R-hat,
     bulk and tail ESS on that contrast; divergences of the fit), and the datasets missing it on
     any contrast (to be extended, then counted and kept: D7). ``draws``: contrast -> (K,
-    chains, draws)."""
-    K = next(iter(draws.values())).shape[0]
+    chains, draws), or K arrays (chains, draws) whose lengths may differ (an extended fit)."""
+    K = len(next(iter(draws.values())))
     failing = np.zeros(K, dtype=bool)
     out = {}
-    div = np.zeros(K) if divergences is None else np.asarray(divergences).reshape(K, -1).sum(axis=1)
+    div = np.zeros(K) if divergences is None else np.array([np.sum(d) for d in divergences], dtype=float)
     for name, x in draws.items():
         rh = np.array([dg.rhat(x[k]) for k in range(K)])
         eb = np.array([dg.ess_bulk(x[k]) for k in range(K)])

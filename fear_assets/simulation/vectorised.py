@@ -574,3 +574,237 @@ def constrained_fn(model, jm: JaxifiedModel, names: Sequence[str]) -> Callable:
         return jnp.concatenate([jnp.reshape(v, (-1,)) for v in fn(*parts)])
 
     return f
+
+
+def stan_windows(steps: int, initial: int = 75, final: int = 50, first: int = 25) -> tuple[np.ndarray, np.ndarray]:
+    """Stan's warm-up schedule (an initial fast window, slow windows doubling in length, a final
+    fast window; the same proportions, 15% / 75% / 10%, where ``steps`` is under 150 + first):
+    per step, whether it is in a slow window (the mass matrix accumulates) and whether a slow
+    window ends there (the mass matrix is set and the step size's dual averaging restarts)."""
+    steps = int(steps)
+    slow, end = np.zeros(steps, dtype=bool), np.zeros(steps, dtype=bool)
+    if steps < 20:
+        return slow, end  # too short for a mass matrix: the step size alone adapts
+    if initial + first + final > steps:
+        initial, final = int(0.15 * steps), int(0.1 * steps)
+        first = steps - initial - final
+    start, size, stop = initial, first, steps - final
+    while start < stop:
+        # a window that would leave less than twice its size before the final buffer absorbs it
+        if start + 3 * size > stop:
+            size = stop - start
+        slow[start:start + size] = True
+        end[start + size - 1] = True
+        start += size
+        size *= 2
+    return slow, end
+
+
+@dataclass
+class AdaptedHMC:
+    """What each dataset's own warm-up adapted (``BatchedAdaptiveHMC``): per dataset, the step
+    size, the trajectory length and the diagonal inverse mass matrix its draws used."""
+
+    step_size: np.ndarray  # (K,)
+    trajectory_length: np.ndarray  # (K,)
+    inverse_mass_matrix: np.ndarray  # (K, dim)
+
+
+class BatchedAdaptiveHMC(BatchedChEES):
+    """Jittered HMC over many datasets' chains in one JAX program in which EVERY DATASET ADAPTS
+    ITS OWN step size, diagonal mass matrix and trajectory length in a warm-up (pooling its own
+    chains), then samples with them frozen. A frozen batch-wide tuning (``BatchedChEES``) fails
+    where datasets' posteriors differ (funnels, SBC's prior draws); NUTS under vmap waits at
+    every step for the batch's longest tree.
+
+    The warm-up, per step: every chain of dataset k integrates ceil(u L_k / eps_k) leapfrog
+    steps (u ~ U(0, 1) shared by the batch, so the batch's trajectories differ only as the
+    datasets' step sizes and lengths do). eps_k: dual averaging (Hoffman and Gelman 2014)
+    towards ``target_accept`` of the mean acceptance of dataset k's chains (a divergent
+    transition counts 0). M_k: Stan's windows (``stan_windows``); each slow window's pooled
+    chain variance, regularised as Stan does, becomes the diagonal inverse mass matrix and
+    restarts eps_k's averaging. L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
+    the whitened form of BlackJAX's ``chees_adaptation``) ascended by Adam in log L on
+    dataset k's chains, its running average kept. ``tune`` (the parent's ChEES on pilot datasets)
+    gives only where the warm-up starts: the chains' positions, eps, L and M."""
+
+    def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray | None = None,
+                 keep: Callable | None = None, float32: bool = False, max_steps: int = 1024,
+                 target_accept: float = 0.8, learning_rate: float = 0.025):
+        super().__init__(logdensity, dim, x0, keep_idx, keep, float32, max_steps)
+        self.target_accept, self.learning_rate = float(target_accept), float(learning_rate)
+
+    def _compile(self, warmup: int, draws: int):
+        import jax
+        import jax.numpy as jnp
+        from blackjax.adaptation.step_size import dual_averaging_adaptation
+        from blackjax.mcmc import hmc
+
+        kernel = hmc.build_kernel()
+        logdensity, keep, max_steps = self.logdensity, self.keep, self.max_steps
+        target, lr = self.target_accept, self.learning_rate
+        da_init0, da_update, da_final = dual_averaging_adaptation(target)
+
+        def da_init(eps):  # one averaging per dataset: every field a (K,) vector but the step count
+            st = da_init0(eps)
+            return st._replace(log_step_size_avg=jnp.zeros_like(eps), avg_error=jnp.zeros_like(eps))
+
+        slow_np, end_np = stan_windows(warmup)
+        b1, b2, clip = 0.9, 0.999, 0.35  # Adam's defaults; BlackJAX's clip of a log-length update
+
+        def step(key, state, y, eps, imm, n):
+            return kernel(key, state, lambda z: logdensity(z, y), eps, imm, n)
+
+        per_chain = jax.vmap(step, in_axes=(0, 0, 0, 0, 0, 0))
+        init_chain = jax.vmap(lambda x, y: hmc.init(x, lambda z: logdensity(z, y)))
+
+        def run(keys, jitter_key, positions, Y, eps0, length0, imm0):
+            K, chains = keys.shape[:2]
+            dim = positions.shape[-1]
+            Yr = jnp.repeat(Y, chains, axis=0)
+            rep = lambda a: jnp.repeat(a, chains, axis=0)  # noqa: E731  per dataset -> per chain
+            states = init_chain(positions.reshape(K * chains, dim), Yr)
+            chain_keys = jax.vmap(lambda k: jax.random.split(k, warmup + draws))(keys.reshape((K * chains, -1)))
+            chain_keys = jnp.swapaxes(chain_keys, 0, 1)
+            jit_u = jax.random.uniform(jitter_key, (warmup + draws,), dtype=positions.dtype)
+
+            def transition(states, ks, u, eps, length, imm):
+                n = jnp.clip(jnp.ceil(u * length / eps), 1, max_steps).astype(jnp.int32)
+                new, info = per_chain(ks, states, Yr, rep(eps), rep(imm), rep(n))
+                return new, info, n
+
+            def warm(carry, xs):
+                states, da, log_l, adam_m, adam_v, ma_l, imm, s0, s1, s2, t = carry
+                ks, u, slow, end = xs
+                eps, length = jnp.exp(da.log_step_size), jnp.exp(log_l)
+                x_before = states.position
+                states, info, _ = transition(states, ks, u, eps, length, imm)
+                acc = jnp.where(info.is_divergent, 0.0, info.acceptance_rate).reshape(K, chains)
+                da = da_update(da, acc.mean(axis=1))
+                # ChEES gradient in log L per dataset (acceptance-weighted over its chains, whitened by M_k)
+                w = acc
+                prop = info.proposal.position.reshape(K, chains, dim)
+                # BlackJAX flips the proposal's momentum (the HMC involution): the end velocity is M^-1 (-p)
+                mom = -info.proposal.momentum.reshape(K, chains, dim)
+                init = x_before.reshape(K, chains, dim)
+                pmean = (w[..., None] * prop).sum(1) / (w.sum(1)[:, None] + 1e-20)
+                imean = init.mean(1)
+                s = 1.0 / jnp.sqrt(imm)
+                pc, ic = (prop - pmean[:, None]) * s[:, None], (init - imean[:, None]) * s[:, None]
+                vel = mom * imm[:, None] * s[:, None]
+                g_chain = ((pc ** 2).sum(-1) - (ic ** 2).sum(-1)) * (pc * vel).sum(-1)
+                g = u * length * (w * g_chain).sum(1) / (w.sum(1) + 1e-20)
+                g = jnp.where(jnp.isfinite(g), g, 0.0)
+                adam_m = b1 * adam_m + (1 - b1) * g
+                adam_v = b2 * adam_v + (1 - b2) * g ** 2
+                upd = lr * (adam_m / (1 - b1 ** t)) / (jnp.sqrt(adam_v / (1 - b2 ** t)) + 1e-8)
+                log_l = jnp.clip(log_l + jnp.clip(upd, -clip, clip), jnp.log(eps), jnp.log(max_steps * eps))
+                weight = t ** -0.5
+                ma_l = (1 - weight) * ma_l + weight * log_l
+                # the slow windows' pooled variance per dataset
+                xk = states.position.reshape(K, chains, dim)
+                s0 = jnp.where(slow, s0 + chains, s0)
+                s1 = jnp.where(slow, s1 + xk.sum(1), s1)  # plain sums: float64 (the sampler's default) keeps them exact enough
+                s2 = jnp.where(slow, s2 + (xk ** 2).sum(1), s2)
+                n_w = s0[:, None]
+                var = (s2 - s1 ** 2 / jnp.maximum(n_w, 1)) / jnp.maximum(n_w - 1, 1)
+                new_imm = (n_w / (n_w + 5.0)) * var + 1e-3 * (5.0 / (n_w + 5.0))
+                imm = jnp.where(end, new_imm, imm)
+                # a new metric: the step size's averaging restarts from the current step size
+                restarted = da_init(jnp.exp(da.log_step_size))
+                da = jax.tree_util.tree_map(lambda a, b: jnp.where(end, a, b), restarted, da)
+                s0, s1, s2 = (jnp.where(end, jnp.zeros_like(a), a) for a in (s0, s1, s2))
+                return (states, da, log_l, adam_m, adam_v, ma_l, imm, s0, s1, s2, t + 1), (
+                    info.is_divergent.reshape(K, chains), jnp.broadcast_to(_n_max(eps, length, u, max_steps), ()))
+
+            zK = jnp.zeros((K,), dtype=positions.dtype)
+            carry = (states, da_init(eps0), jnp.log(length0), zK, zK, jnp.log(length0), imm0,
+                     zK, jnp.zeros((K, dim), positions.dtype), jnp.zeros((K, dim), positions.dtype),
+                     jnp.asarray(1.0, positions.dtype))
+            carry, (warm_div, warm_n) = jax.lax.scan(
+                warm, carry, (chain_keys[:warmup], jit_u[:warmup], jnp.asarray(slow_np), jnp.asarray(end_np)))
+            states, da, _, _, _, ma_l, imm = carry[:7]
+            eps = da_final(da) if warmup else eps0
+            length = jnp.clip(jnp.exp(ma_l), eps, max_steps * eps) if warmup else length0
+
+            def draw(states, xs):
+                ks, u = xs
+                states, info, n = transition(states, ks, u, eps, length, imm)
+                return states, (jax.vmap(keep)(states.position), info.is_divergent, info.acceptance_rate, n.max())
+
+            states, (kept, div, acc, n_draw) = jax.lax.scan(draw, states, (chain_keys[warmup:], jit_u[warmup:]))
+            kept = jnp.swapaxes(kept, 0, 1)  # (K * chains, draws, k)
+            per = lambda a: a.reshape((K, chains) + a.shape[1:])  # noqa: E731
+            # leapfrog steps the batch ran (every chain waits for the longest trajectory of a step)
+            grads = (warm_n.sum() + n_draw.sum()) * jnp.ones((K, chains), dtype=jnp.int32)
+            return (per(kept), per(div.T.sum(axis=1)), grads, per(acc.T.mean(axis=1)), eps, length, imm,
+                    warm_div.sum(axis=0), per(states.position))
+
+        return jax.jit(run)
+
+    def fit_kept(self, Y: np.ndarray, start: FrozenHMC, seed: int, warmup: int, draws: int,
+                 timings: dict | None = None) -> dict:
+        """``Y``: (K datasets, rows); ``start``: where every dataset's warm-up starts (``tune``).
+        Returns ``kept`` (K, chains, draws, k), ``divergences`` (draws only), ``gradients`` and
+        ``acceptance`` (K, chains), ``warmup_divergences`` (K, chains), and ``adapted``
+        (``AdaptedHMC``: each dataset's step size, trajectory length and mass matrix)."""
+        import jax
+        import jax.numpy as jnp
+
+        K, chains = len(Y), len(start.positions)
+        key, jkey = jax.random.split(jax.random.PRNGKey(seed))
+        keys = jax.random.split(key, K * chains).reshape(K, chains, -1)
+        dt = self.dtype
+        args = (keys, jkey, jnp.asarray(np.broadcast_to(start.positions, (K,) + np.shape(start.positions)), dtype=dt),
+                jnp.asarray(Y, dtype=dt), jnp.full((K,), start.step_size, dtype=dt),
+                jnp.full((K,), start.trajectory_length, dtype=dt),
+                jnp.asarray(np.broadcast_to(start.inverse_mass_matrix, (K, self.dim)), dtype=dt))
+        shape = (warmup, draws, K, chains, np.shape(Y)[1])
+        t = time.perf_counter()
+        if self._run is None or self._run[0] != shape:
+            self._run = (shape, self._compile(warmup, draws).lower(*args).compile())
+        t1 = time.perf_counter()
+        kept, div, grads, acc, eps, length, imm, wdiv, last = jax.block_until_ready(self._run[1](*args))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
+        return {"kept": np.asarray(kept, dtype=float), "divergences": np.asarray(div), "gradients": np.asarray(grads),
+                "acceptance": np.asarray(acc), "warmup_divergences": np.asarray(wdiv),
+                "adapted": AdaptedHMC(np.asarray(eps, dtype=float), np.asarray(length, dtype=float),
+                                      np.asarray(imm, dtype=float)),
+                "positions": np.asarray(last, dtype=float)}
+
+    def extend(self, Y: np.ndarray, fit: dict, seed: int, draws: int, timings: dict | None = None) -> dict:
+        """The convergence remedy on the accelerator path: ``draws`` more draws of each dataset
+        of ``fit`` (``fit_kept``'s result for the rows of ``Y``), every chain continuing from
+        its last position with its dataset's adapted step size, length and mass matrix (no
+        warm-up: the same frozen kernel, so the continued chains are one chain each). Returns
+        ``fit`` with the draws appended and the divergences, gradients added."""
+        import jax
+        import jax.numpy as jnp
+
+        K, chains = fit["positions"].shape[:2]
+        ad = fit["adapted"]
+        key, jkey = jax.random.split(jax.random.PRNGKey(seed))
+        keys = jax.random.split(key, K * chains).reshape(K, chains, -1)
+        dt = self.dtype
+        args = (keys, jkey, jnp.asarray(fit["positions"], dtype=dt), jnp.asarray(Y, dtype=dt),
+                jnp.asarray(ad.step_size, dtype=dt), jnp.asarray(ad.trajectory_length, dtype=dt),
+                jnp.asarray(ad.inverse_mass_matrix, dtype=dt))
+        t = time.perf_counter()
+        run = self._compile(0, draws).lower(*args).compile()
+        t1 = time.perf_counter()
+        kept, div, grads, acc, _, _, _, _, last = jax.block_until_ready(run(*args))
+        if timings is not None:
+            timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
+        n0 = fit["kept"].shape[2]
+        return {**fit, "kept": np.concatenate([fit["kept"], np.asarray(kept, dtype=float)], axis=2),
+                "divergences": fit["divergences"] + np.asarray(div), "gradients": fit["gradients"] + np.asarray(grads),
+                "acceptance": (fit["acceptance"] * n0 + np.asarray(acc) * draws) / (n0 + draws),
+                "positions": np.asarray(last, dtype=float)}
+
+
+def _n_max(eps, length, u, max_steps):
+    """The leapfrog steps a batch's transition runs: its longest trajectory."""
+    import jax.numpy as jnp
+
+    return jnp.clip(jnp.ceil(u * length / eps), 1, max_steps).max().astype(jnp.int32)
