@@ -243,6 +243,18 @@ def test_a_stage_loop_clears_only_the_runs_that_cannot_be_working(home, capsys, 
     assert instance.get_run_by_id(elsewhere).status == dg.DagsterRunStatus.STARTED
 
 
+def test_a_step_about_to_wait_for_a_pool_says_which_run_holds_it(home):
+    """Dagster's in-process executor polls for a slot without a word: the stage loop names the
+    holder when every slot of a step's pool is taken, and says nothing while one is free."""
+    instance = dg.DagsterInstance.get()
+    holder = _orphan(instance, os.getpid(), pool="gpu", slots=2)  # alive: a run really working
+    assert orphans.waiting_for(instance, {"gpu", None}) == []  # one of two slots free
+    instance.event_log_storage.set_concurrency_slots("gpu", 1)
+    line, = orphans.waiting_for(instance, {"gpu", "duckdb"})
+    assert line.startswith("waiting for a slot of pool 'gpu' (1 in all), held by run " + holder[:8])
+    assert "pilot_by_family_job, step binding_results" in line and "fear status" in line
+
+
 def test_fear_run_after_a_run_was_killed_holding_the_pool_slot_clears_it_instead_of_waiting_for_ever(home):
     """Found by a rehearsal: a `fear run` killed mid-step kept its pool slot, and the next `fear run`
     waited for it without end or message. Now the next run clears it, says so, and runs."""

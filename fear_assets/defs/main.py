@@ -42,7 +42,7 @@ import dagster as dg  # noqa: E402 (after the warning capture above)
 from fear_assets.defs.automation import failure_text  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.instance import check_evaluations  # noqa: E402
-from fear_assets.defs.orphans import HOST_TAG, PID_TAG, report_orphans  # noqa: E402
+from fear_assets.defs.orphans import HOST_TAG, PID_TAG, report_orphans, waiting_for  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
@@ -229,11 +229,13 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
     partition_keys = family_partition_keys(settings, family)
     # A run killed mid-step keeps its pool slot, and this loop's steps would wait for it for ever.
     report_orphans(instance)
+    graph = defs.resolve_asset_graph()
     tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family, **(tags or {})}
     resuming = kept is not None
     for step in plan(defs, stages):
         job = defs.resolve_job_def(f"{step.stage}_{step.partitioning}_job")
         names = ", ".join(k.to_user_string() for k in step.keys)
+        pools = {graph.assets_def_for_key(k).op.pool for k in step.keys}
         ran = False
         for key in partition_keys[step.partitioning]:
             label = f"[{step.stage}] {names}" + (f" {key}" if key is not None else "")
@@ -244,6 +246,8 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
                 print(f"  {label[:90]:<90} kept (finished in an earlier run)")
                 continue
             ran = True
+            for line in waiting_for(instance, pools):
+                print(f"  {label[:90]}: {line}")
             reset_peak_memory()
             t = time.perf_counter()
             result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),

@@ -148,5 +148,21 @@ def report_orphans(instance) -> None:
                   f"{orphan.why}; steps of that pool wait for it. If its worker is gone: fear cancel {orphan.run_id}")
 
 
+def waiting_for(instance, pools) -> list[str]:
+    """One line per pool of ``pools`` whose every slot another run holds: the step about to run
+    will wait (Dagster's in-process executor says nothing while it does), and for which runs."""
+    lines = []
+    for pool in sorted(p for p in pools if p):
+        info = instance.event_log_storage.get_concurrency_info(pool)
+        if info.slot_count and len(info.claimed_slots) >= info.slot_count:
+            holders = []
+            for slot in info.claimed_slots:
+                run = instance.get_run_by_id(slot.run_id)
+                holders.append(f"{slot.run_id[:8]} ({run.job_name if run else '?'}, step {slot.step_key})")
+            lines.append(f"waiting for a slot of pool {pool!r} ({info.slot_count} in all), held by run "
+                         f"{', '.join(holders)}; fear status shows whether its worker is alive")
+    return lines
+
+
 __all__ = ["HOST_TAG", "IN_PROGRESS", "Orphan", "PID_TAG", "STALE_S", "alive", "clear_dead_runs", "free_run",
-           "held_slots", "local_pid", "orphaned_runs", "report_orphans", "worker_pid"]
+           "held_slots", "local_pid", "orphaned_runs", "report_orphans", "waiting_for", "worker_pid"]
