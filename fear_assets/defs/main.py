@@ -224,11 +224,10 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
     blocks only inside its own run). It is asked only until a step has run: what follows a
     rerun step is rerun, since its inputs changed.
 
-    First it clears the runs that cannot be working but hold pool slots (killed mid-step: its
-    steps would wait for them for ever) and names those that might still be (``defs.orphans``)."""
+    Before each step it clears the runs that cannot be working but hold pool slots (killed
+    mid-step: the step would wait for them for ever), names those that might still be
+    (``defs.orphans``), and says when the step will wait for a slot another run holds."""
     partition_keys = family_partition_keys(settings, family)
-    # A run killed mid-step keeps its pool slot, and this loop's steps would wait for it for ever.
-    report_orphans(instance)
     graph = defs.resolve_asset_graph()
     tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family, **(tags or {})}
     resuming = kept is not None
@@ -246,6 +245,8 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
                 print(f"  {label[:90]:<90} kept (finished in an earlier run)")
                 continue
             ran = True
+            # A run killed mid-step keeps its pool slot, and this step would wait for it for ever.
+            report_orphans(instance)
             for line in waiting_for(instance, pools):
                 print(f"  {label[:90]}: {line}")
             reset_peak_memory()
