@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+import threading
 import tomllib
 import uuid
 from argparse import Namespace
@@ -253,6 +255,63 @@ def test_a_step_about_to_wait_for_a_pool_says_which_run_holds_it(home):
     line, = orphans.waiting_for(instance, {"gpu", "duckdb"})
     assert line.startswith("waiting for a slot of pool 'gpu' (1 in all), held by run " + holder[:8])
     assert "pilot_by_family_job, step binding_results" in line and "fear status" in line
+
+
+def test_a_step_waiting_for_a_slot_goes_on_when_its_holder_dies_meanwhile(home):
+    """The holder is a real process, alive when the step starts to wait: the wait says so once,
+    and when the process is killed the next look clears its run and returns."""
+    instance = dg.DagsterInstance.get()
+    holder_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    holder = _orphan(instance, holder_process.pid, pool="gpu")
+    said, looks = [], []
+
+    def sleep(_seconds):
+        looks.append(1)
+        if len(looks) == 3:  # waited twice: the holder dies (killed, out of memory)
+            holder_process.kill()
+            holder_process.wait()
+        assert len(looks) < 10, "still waiting after the holder died"
+
+    orphans.wait_for_slots(instance, {"gpu"}, said.append, sleep=sleep)
+    assert len(looks) == 3
+    assert said[0].startswith(f"waiting for a slot of pool 'gpu' (1 in all), held by run {holder[:8]}")
+    assert len(said) == 2 and said[1].startswith(f"cleared run {holder[:8]}") and "freed its slots: gpu" in said[1]
+    assert instance.get_run_by_id(holder).status == dg.DagsterRunStatus.CANCELED and _gpu_holders(instance) == set()
+
+
+def test_ctrl_c_stops_a_fear_run_that_waits_for_a_slot(home):
+    """Dagster's in-process executor defers SIGINT and SIGTERM until it has the slot; a `fear run`
+    waiting for one had to be killed with SIGKILL. Now it waits outside the executor: Ctrl-C
+    stops it at once, and the working run's slot is left alone."""
+    instance = dg.DagsterInstance.get()
+    holder_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        holder = _orphan(instance, holder_process.pid, pool="duckdb")  # the stimuli steps' pool
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "fear_assets.defs.cli", "run", EMBEDDED, "--through",
+                                 "stimuli"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        watchdog = threading.Timer(240, proc.kill)  # a run that never says it waits fails here, not hangs
+        watchdog.start()
+        seen = []
+        for line in proc.stdout:  # until the run says it waits
+            seen.append(line)
+            if "waiting for a slot of pool 'duckdb'" in line:
+                break
+        assert any(holder[:8] in line for line in seen), "".join(seen)[-3000:]
+        time.sleep(5)  # well inside the wait, not in the instant before it starts
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+            proc.kill()
+        assert proc.returncode != 0
+        assert {s.run_id for s in instance.event_log_storage.get_concurrency_info("duckdb").claimed_slots} == {holder}
+        assert instance.get_run_by_id(holder).status == dg.DagsterRunStatus.STARTED
+    finally:
+        holder_process.kill()
+        holder_process.wait()
 
 
 def test_fear_run_after_a_run_was_killed_holding_the_pool_slot_clears_it_instead_of_waiting_for_ever(home):

@@ -42,7 +42,7 @@ import dagster as dg  # noqa: E402 (after the warning capture above)
 from fear_assets.defs.automation import failure_text  # noqa: E402
 from fear_assets.defs.definitions import STAGE_NAMES, build_definitions, partitioning_of  # noqa: E402
 from fear_assets.defs.instance import check_evaluations  # noqa: E402
-from fear_assets.defs.orphans import HOST_TAG, PID_TAG, report_orphans, waiting_for  # noqa: E402
+from fear_assets.defs.orphans import HOST_TAG, PID_TAG, report_orphans, wait_for_slots  # noqa: E402
 from fear_assets.defs.partitions import power_partition_keys, registered_partition_keys  # noqa: E402
 from fear_assets.defs.resources.protocol import ProtocolResource  # noqa: E402
 from fear_assets.defs.resources.store import duckdb_path as default_duckdb_path  # noqa: E402
@@ -226,7 +226,8 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
 
     Before each step it clears the runs that cannot be working but hold pool slots (killed
     mid-step: the step would wait for them for ever), names those that might still be
-    (``defs.orphans``), and says when the step will wait for a slot another run holds."""
+    (``defs.orphans``), and waits itself for a slot another run holds, saying so (Ctrl-C stops
+    it there; Dagster's executor would defer it until it had the slot)."""
     partition_keys = family_partition_keys(settings, family)
     graph = defs.resolve_asset_graph()
     tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), FAMILY_TAG: family, **(tags or {})}
@@ -247,8 +248,7 @@ def run_stages(defs, instance, settings, family: str, stages, kept=None, tags=No
             ran = True
             # A run killed mid-step keeps its pool slot, and this step would wait for it for ever.
             report_orphans(instance)
-            for line in waiting_for(instance, pools):
-                print(f"  {label[:90]}: {line}")
+            wait_for_slots(instance, pools, lambda line, label=label: print(f"  {label[:90]}: {line}"))
             reset_peak_memory()
             t = time.perf_counter()
             result = job.execute_in_process(instance=instance, partition_key=key, asset_selection=list(step.keys),

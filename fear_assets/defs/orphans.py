@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import dagster as dg
 
@@ -134,13 +135,17 @@ def clear_dead_runs(instance) -> tuple[list[tuple[Orphan, list[str]]], list[Orph
     return cleared, left
 
 
+def cleared_line(orphan: Orphan, pools: list[str]) -> str:
+    return (f"cleared run {orphan.run_id[:8]} ({orphan.job}, {orphan.status}): {orphan.why}; "
+            f"freed its slots: {', '.join(pools) or 'none held'}")
+
+
 def report_orphans(instance) -> None:
-    """What a stage loop prints before its first step: the dead runs it cleared, and the runs
-    that may still hold a slot its steps will wait for."""
+    """What a stage loop prints before a step: the dead runs it cleared, and the runs that may
+    still hold a slot its steps will wait for."""
     cleared, left = clear_dead_runs(instance)
     for orphan, pools in cleared:
-        print(f"  cleared run {orphan.run_id[:8]} ({orphan.job}, {orphan.status}): {orphan.why}; "
-              f"freed its slots: {', '.join(pools) or 'none held'}")
+        print(f"  {cleared_line(orphan, pools)}")
     for orphan in left:
         pools = held_slots(instance, orphan.run_id)
         if pools:
@@ -164,5 +169,31 @@ def waiting_for(instance, pools) -> list[str]:
     return lines
 
 
+#: Seconds between two looks at a busy pool (a step takes minutes; a claim is one query).
+POLL_S = 2.0
+
+
+def wait_for_slots(instance, pools, say: Callable[[str], None], poll_s: float = POLL_S,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return once every pool of ``pools`` has a free slot, saying once for which runs it waits
+    and clearing a holder that dies meanwhile (:func:`clear_dead_runs`). Dagster's in-process
+    executor, which would otherwise do the waiting, defers Ctrl-C and SIGTERM until it has the
+    slot, so a run waiting there could be stopped only by SIGKILL; this loop runs outside it."""
+    said: set[str] = set()
+    while True:
+        cleared, _ = clear_dead_runs(instance)
+        for orphan, freed in cleared:
+            say(cleared_line(orphan, freed))
+        lines = waiting_for(instance, pools)
+        if not lines:
+            return
+        for line in lines:
+            if line not in said:
+                say(line)
+                said.add(line)
+        sleep(poll_s)
+
+
 __all__ = ["HOST_TAG", "IN_PROGRESS", "Orphan", "PID_TAG", "STALE_S", "alive", "clear_dead_runs", "free_run",
-           "held_slots", "local_pid", "orphaned_runs", "report_orphans", "waiting_for", "worker_pid"]
+           "cleared_line", "held_slots", "local_pid", "orphaned_runs", "report_orphans", "wait_for_slots", "waiting_for",
+           "worker_pid"]
