@@ -13,7 +13,7 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch, transformers, jax; print('torch', torch.__version__, 'transformers', transformers.__version__, 'jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 uptime | tee -a "$OUT/device.txt"
-GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"; CHEES_S="${CHEES_S:-0}"
+GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"; CHEES_S="${CHEES_S:-0}"; ADAPTIVE_S="${ADAPTIVE_S:-0}"
 timeout "$GPU_S" python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"
 cp benchmarks/results/gpu.json "$OUT/gpu.json" 2>/dev/null || echo "no gpu.json written"
 python3 -c "import blackjax, flatbuffers, optax; print('blackjax', blackjax.__version__)" | tee -a "$OUT/device.txt"
@@ -26,5 +26,12 @@ if [ "$CHEES_S" -gt 0 ]; then
   timeout "$CHEES_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" --algorithm chees_hmc --chains 4 \
     --datasets 64 256 --grad-batches 256 1024 --adapt 500 --warmup 100 --max-seconds $((CHEES_S - 30)) \
     --json power_gpu_chees.json 2>&1 | tee "$OUT/power_gpu_chees.log"
+fi
+# Issue 28's candidate with every dataset's own warm-up (adaptive_hmc, target acceptance 0.9 as
+# validated on CPU); off unless ADAPTIVE_S is set, within the same device-time sum.
+if [ "$ADAPTIVE_S" -gt 0 ]; then
+  timeout "$ADAPTIVE_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" --algorithm adaptive_hmc \
+    --chains 4 --target-accept 0.9 --datasets 64 256 --grad-batches 256 1024 --warmup 400 \
+    --max-seconds $((ADAPTIVE_S - 30)) --json power_gpu_adaptive.json 2>&1 | tee "$OUT/power_gpu_adaptive.log"
 fi
 ls -la "$OUT"

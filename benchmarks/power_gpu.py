@@ -265,6 +265,19 @@ def run(args) -> int:
         _fit = sampler.fit_kept
         sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
             **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
+    elif args.algorithm == "adaptive_hmc":
+        # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start
+        sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept)
+        start = np.random.default_rng(manifest["master_seed"]).uniform(-1.0, 1.0, (chains, dim))
+        ref = vec.FrozenHMC(0.05, 1.0, np.ones(dim), arr["x0"] + 0.5 * start)
+        tm = {"compile_s": 0.0, "run_s": 0.0}
+        _fit_a = sampler.fit_kept
+
+        def _with_steps(fit):
+            return {**fit, "step_size": np.repeat(fit["adapted"].step_size[:, None], chains, axis=1)}
+
+        sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: _with_steps(  # noqa: E731
+            _fit_a(Y, r, seed, warmup, n, timings=timings))
     else:
         sampler = vec.BatchedNUTS(ld, dim, arr["x0"], arr["keep_idx"])
         ref = sampler.reference(y_ref, manifest["master_seed"], args.adapt, chains, dense=args.dense, timings=tm)
@@ -410,7 +423,7 @@ def validate(args) -> int:
         frames, depths, K, sbc_n, long_draws = 50, 1, 8, 100, 1000
         sbc_n = sbc_n if args.sbc_draws is None else args.sbc_draws
     else:
-        frames, depths, K, long_draws = args.frames, args.depths, args.datasets, 4000
+        frames, depths, K, long_draws = args.frames, args.depths, args.datasets, args.reference_draws or 4000
         sbc_n = 500 if args.sbc_draws is None else args.sbc_draws
     algorithm = args.algorithm or s.algorithm
     adaptive = algorithm == acc.ADAPTIVE
@@ -613,9 +626,11 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
-    r.add_argument("--algorithm", choices=["nuts", "chees_hmc"], default="nuts",
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc"], default="nuts",
                    help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
-                        "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen")
+                        "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen; "
+                        "adaptive_hmc: jittered HMC with every dataset's own warm-up (--warmup steps; "
+                        "--target-accept 0.9 as validated)")
     r.add_argument("--pilot-datasets", type=int, default=8)
     r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
     r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
@@ -634,6 +649,8 @@ def main() -> int:
     v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc"],
                    help="default: the registered simulation_sampler's; adaptive_hmc: the candidate with every "
                         "dataset's own warm-up (not registered)")
+    v.add_argument("--reference-draws", type=int, help="the long nutpie run's draws per chain (4 chains, 1,000 "
+                                                        "tuning; default 4,000, 1,000 with --quick)")
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")
     v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the section's; 400 for adaptive_hmc)")
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
