@@ -125,13 +125,15 @@ def test_exported_log_density_gives_the_in_process_graphs_nuts_steps(power_gpu, 
 # Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
 # -m slow before a device session; the export's log density and NUTS steps stay in the default run.
 @pytest.mark.slow
-def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
+@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc"])
+def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, algorithm):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "run", "--artefacts",
                            str(small), "--platform", "cpu", "--datasets", "2", "--grad-batches", "1", "--reps", "2",
                            "--adapt", "15", "--warmup", "5", "--draws", "20", "--max-seconds", "300",
-                           "--reference-draws", "60"],
+                           # the long-run comparison is the NUTS case's; adaptive_hmc's is `validate`'s
+                           "--reference-draws", "60" if algorithm == "nuts" else "0", "--algorithm", algorithm],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "power_gpu.json").read_text())
@@ -140,9 +142,13 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path):
     # extrapolating from batch 1 (which skipped every fit on the H200)
     assert set(res["b_vmapped_gradient"]) == {"1", "4"}
     fit = res["d_fit_many"]["2"]
-    assert fit["draws"] == 20 and fit["gradients_per_dataset"] > 2 * 25  # 2 chains x (5 + 20) NUTS steps, >= 1 leapfrog each
+    assert fit["draws"] == 20 and fit["gradients_per_dataset"] > 2 * 25  # 2 chains x (5 + 20) steps, >= 1 leapfrog each
+    assert res["c_reference"]["algorithm"] == algorithm
     assert 0 < fit["h2_min_ess_mean"] and fit["wall_s_per_dataset"] > 0
     assert proc.stdout.strip().splitlines()[-1].startswith("power_gpu: device=cpu")
+    if algorithm != "nuts":
+        assert "e_reference_hdi" not in res
+        return
     ref = res["e_reference_hdi"]  # the candidate's keep rule: its HDIs against a long run of the same datasets
     assert ref["K"] == 2 and ref["draws"] == 60 and set(ref["per_contrast"]) == {"H1", "H2", "H3"}
     assert 0 < ref["max_abs_endpoint_diff"] == max(v["max_abs_endpoint_diff"] for v in ref["per_contrast"].values())
