@@ -291,7 +291,7 @@ def test_ctrl_c_stops_a_fear_run_that_waits_for_a_slot(home):
         proc = subprocess.Popen([sys.executable, "-u", "-m", "fear_assets.defs.cli", "run", EMBEDDED, "--through",
                                  "stimuli"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-        watchdog = threading.Timer(240, proc.kill)  # a run that never says it waits fails here, not hangs
+        watchdog = threading.Timer(300, proc.kill)  # a run that never says it waits fails here, not hangs
         watchdog.start()
         seen = []
         for line in proc.stdout:  # until the run says it waits
@@ -302,11 +302,15 @@ def test_ctrl_c_stops_a_fear_run_that_waits_for_a_slot(home):
         time.sleep(5)  # well inside the wait, not in the instant before it starts
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=30)
+            # Before, the run waited until the holder died (600 s here); now it stops within seconds, but
+            # interpreter shutdown on a machine loaded by the rest of the suite once took over 30 s.
+            proc.wait(timeout=120)
         finally:
             watchdog.cancel()
             proc.kill()
-        assert proc.returncode != 0
+        rest = proc.stdout.read()
+        assert proc.returncode == 130, rest[-3000:]
+        assert "stopped by Ctrl-C between steps" in rest and "Traceback" not in rest, rest[-3000:]
         assert {s.run_id for s in instance.event_log_storage.get_concurrency_info("duckdb").claimed_slots} == {holder}
         assert instance.get_run_by_id(holder).status == dg.DagsterRunStatus.STARTED
     finally:

@@ -319,7 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     check_family(p, args, ProtocolResource().settings().families)
     os.environ.setdefault("DAGSTER_HOME", str(PROJECT_ROOT))
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:  # reached between steps (a step itself stops through Dagster)
+        print(f"\nfear {args.command}: stopped by Ctrl-C between steps; what the finished steps stored is kept,"
+              f" and `fear {args.command}` again goes on from there.", file=sys.stderr)
+        return 130  # the shell's code for a stop by SIGINT
 
 
 if __name__ == "__main__":

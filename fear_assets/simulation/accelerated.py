@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fear_assets.models.parametrisation import frame_parametrisation
 from fear_assets.simulation.blocks import BlockData
 from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES, BatchedNUTS, FrozenHMC, JaxifiedModel,
                                                constrained_fn, jaxified_logdensity)
@@ -194,6 +195,4 @@ def frame_form(b: BlockData, rule) -> str | None:
     """The frame form the registered rule picks for a primary-model block's data (None for
     the joint and H5 models, whose form is fixed): datasets of one design but different forms
     are fitted by different programs, as the nutpie loop fits each in its own form."""
-    from fear_assets.models.parametrisation import frame_parametrisation
-
     return frame_parametrisation(b.data, rule) if b.kind == "primary" and rule is not None else None
