@@ -265,9 +265,16 @@ def run(args) -> int:
         _fit = sampler.fit_kept
         sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
             **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
-    elif args.algorithm == "adaptive_hmc":
-        # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start
-        sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept)
+    elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense"):
+        # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
+        # _dense: its mass matrix dense on every value variable of the export but the unit intercepts
+        dense = None
+        if args.algorithm == "adaptive_hmc_dense":
+            off = np.cumsum([0, *manifest["sizes"]])
+            dense = np.concatenate([np.arange(off[i], off[i + 1]) for i, n in enumerate(manifest["names"])
+                                    if n not in ("z_unit", "z_document")])
+        sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
+                                         dense_idx=dense)
         start = np.random.default_rng(manifest["master_seed"]).uniform(-1.0, 1.0, (chains, dim))
         ref = vec.FrozenHMC(0.05, 1.0, np.ones(dim), arr["x0"] + 0.5 * start)
         tm = {"compile_s": 0.0, "run_s": 0.0}
@@ -426,7 +433,7 @@ def validate(args) -> int:
         frames, depths, K, long_draws = args.frames, args.depths, args.datasets, args.reference_draws or 4000
         sbc_n = 500 if args.sbc_draws is None else args.sbc_draws
     algorithm = args.algorithm or s.algorithm
-    adaptive = algorithm == acc.ADAPTIVE
+    adaptive = algorithm in acc.ADAPTIVE_ALGORITHMS
     # the candidate's lengths: the registered section's, or those given (recorded in the JSON)
     chains = args.chains or s.chains
     warmup = args.warmup if args.warmup is not None else (400 if adaptive else s.warmup)
@@ -452,7 +459,7 @@ def validate(args) -> int:
     # datasets 0..K-1 are scored; K..K+pilot-1 tune the frozen samplers (never scored)
     sims = [simulate_blocks(design, est, rules, "validate", args.scenario, i, seed, blocks, priors.fixed_sd)
             for i in range(K + (0 if adaptive else s.pilot_datasets))]
-    short_all, long_all, ropes, conv, speed = {}, {}, {}, {}, {}
+    short_all, long_all, ropes, conv, speed, ref_conv, cand_conv = {}, {}, {}, {}, {}, {}, {}
     for block in blocks:
         Y = np.stack([outcome(x[block]) for x in sims])
         forms = [acc.frame_form(x[block], rule) for x in sims]
@@ -481,6 +488,7 @@ def validate(args) -> int:
             for j, k in enumerate(idx):
                 divergences[k] = np.asarray(fit["divergences"])[j]
             ad = fit.get("adapted")
+            dense_m = 0 if ad is None or ad.dense_idx is None else len(ad.dense_idx)
             fits.append({"form": form, "datasets": idx, "pilot": pilot if not adaptive else [],
                          "timings": fit["timings"], "tune": tuned.timings, "extensions": rounds,
                          "draws_per_chain": int(fit["kept"].shape[2]),
@@ -491,16 +499,18 @@ def validate(args) -> int:
                          "step_size": (ad.step_size.tolist() if ad is not None
                                        else getattr(tuned.params, "step_size", None)),
                          "trajectory_length": (ad.trajectory_length.tolist() if ad is not None
-                                               else getattr(tuned.params, "trajectory_length", None))})
+                                               else getattr(tuned.params, "trajectory_length", None)),
+                         "parameters": int(prog.jm.dim), "dense_block": dense_m})
             print(f"[{time.perf_counter() - t_start:.0f} s] {block} form {form}: {json.dumps(fits[-1], default=float)[:700]}",
                   flush=True)
         short = {c: [v[k] for k in range(K)] for c, v in short.items()}
         div = [divergences[k] for k in range(K)]
         conv[block] = validation.convergence_counts(short, settings.convergence, div)
+        cand_per_ds = _per_dataset_convergence(short, div, settings.convergence)
         # the long reference run and the registered nutpie loop, same datasets
         ref = Fitter(priors, long_draws, 1000, 4, rule=rule)
         loop = Fitter(priors, settings.sampler.draws, settings.sampler.tune, settings.sampler.chains, rule=rule)
-        long, loop_s = {}, []
+        long, loop_s, ref_div = {}, [], []
         for k in range(K):
             b = sims[k][block]
             if b.kind == "h5":  # constant data: compiled per dataset, as the runner does
@@ -509,6 +519,9 @@ def validate(args) -> int:
                 idata = ref.fit(b.data, seed + 7 + k)
             for c, x in b.contrasts(idata).items():
                 long.setdefault(c, []).append(np.asarray(x).reshape(4, -1))
+            # the reference's own divergences (its draws): a comparison with a diverging reference
+            # rests on a biased or wide "truth"
+            ref_div.append(int(np.asarray(idata.sample_stats["diverging"]).sum()))
             if k < args.loop_datasets:
                 if b.kind != "h5":
                     from fear_assets.models.primary_model import BUILDERS
@@ -525,6 +538,13 @@ def validate(args) -> int:
             ropes[c] = float(rules.sesoi) if b.rope is None else float(b.rope)
         short_all.update(short)
         long_all.update(long)
+        ref_per_ds = _per_dataset_convergence(long, ref_div, settings.convergence)
+        ref_conv[block] = {"per_dataset": ref_per_ds,
+                           "datasets_failing": [k for k, r in enumerate(ref_per_ds) if r["failing"]]}
+        cand_conv[block] = cand_per_ds
+        for k in range(K):
+            print(f"[{time.perf_counter() - t_start:.0f} s] {block} dataset {k}: candidate {_brief_conv(cand_per_ds[k])}"
+                  f" | reference {_brief_conv(ref_per_ds[k])}", flush=True)
         per_ds = run_s / K
         speed[block] = {"tune_s": tune_s, "fits": fits, "accelerated_s_per_dataset": per_ds,
                         "accelerated_s_per_dataset_amortised": (tune_s + sum(
@@ -538,6 +558,26 @@ def validate(args) -> int:
     res["comparison"] = {k: v for k, v in comp.items() if k != "rows"}
     res["comparison_rows"] = comp["rows"]
     res["convergence"] = conv
+    res["convergence_per_dataset"] = cand_conv
+    res["reference_convergence"] = ref_conv
+    # which comparisons rest on a failing reference (its divergences, ESS or R-hat miss the rule):
+    # the largest |z| apart for the datasets whose reference converged and for those whose did not
+    bad_ref = {(blk, k) for blk, r in ref_conv.items() for k in r["datasets_failing"]}
+    block_of = {c: blk for blk in blocks for c in conv[blk]["per_contrast"]}
+    zmax = {True: 0.0, False: 0.0}
+    for row in comp["rows"]:
+        z = max(abs(row[f"z_{st}"]) for st in ("mean", "sd", "hdi_low", "hdi_high") if f"z_{st}" in row)
+        ok = (block_of.get(row["contrast"]), row["dataset"]) not in bad_ref
+        zmax[ok] = max(zmax[ok], z)
+    res["comparison"]["datasets_with_failing_reference"] = sorted(f"{blk}:{k}" for blk, k in bad_ref)
+    res["comparison"]["max_endpoint_z_reference_converged"] = zmax[True]
+    res["comparison"]["max_endpoint_z_reference_failing"] = zmax[False] if bad_ref else None
+    if bad_ref:
+        print(f"reference FAILS the convergence rule on {sorted(f'{blk}:{k}' for blk, k in bad_ref)}: the comparisons "
+              f"of those datasets rest on a failing reference (their max |z| {zmax[False]:.2f}; datasets with a "
+              f"converged reference: " + (f"{zmax[True]:.2f})" if any(
+                  (block_of.get(r["contrast"]), r["dataset"]) not in bad_ref for r in comp["rows"]) else "none)"),
+              flush=True)
     res["speed"] = speed
     print(f"[{time.perf_counter() - t_start:.0f} s] comparison: {json.dumps(res['comparison'])}", flush=True)
     out = Path(args.out)
@@ -556,11 +596,35 @@ def validate(args) -> int:
     converged = all(c["datasets_failing_any"] == 0 for c in conv.values())
     res["passed"] = bool(comp["passed"] and converged and (not res["sbc"] or res["sbc"]["passed"]))
     out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    n_ref_bad = len(res["comparison"]["datasets_with_failing_reference"])
     print(f"validation passed={res['passed']} (comparison {comp['passed']}, every dataset converged {converged}, "
-          f"sbc {res['sbc']['passed'] if res['sbc'] else 'not run'}) json={out} total_s={res['total_s']:.0f}")
+          f"sbc {res['sbc']['passed'] if res['sbc'] else 'not run'}; the reference fails the convergence rule on "
+          f"{n_ref_bad} of {K * len(blocks)} datasets) json={out} total_s={res['total_s']:.0f}")
     print(f"label_flips={comp['label_flips']} max_endpoint_z={comp['max_endpoint_z']:.2f} sbc_min_p={sbc_p:.3g} "
           f"speedup_vs_nutpie={speedup:.2f}")
     return 0
+
+
+def _per_dataset_convergence(draws: dict, divergences, rule) -> list[dict]:
+    """Per dataset, over every reported contrast (``draws``: contrast -> K arrays (chains, draws)):
+    divergences, the smallest bulk and tail ESS, the largest R-hat, and whether the registered
+    convergence rule fails."""
+    from fear_assets.simulation import diagnostics as dg
+
+    out = []
+    for k in range(len(next(iter(draws.values())))):
+        xs = [np.asarray(v[k]) for v in draws.values()]
+        d = int(np.sum(divergences[k]))
+        eb, et, rh = (min(dg.ess_bulk(x) for x in xs), min(dg.ess_tail(x) for x in xs), max(dg.rhat(x) for x in xs))
+        out.append({"divergences": d, "ess_bulk_min": float(eb), "ess_tail_min": float(et), "rhat_max": float(rh),
+                    "failing": bool(rh > rule.rhat_max or eb < rule.ess_bulk_min or et < rule.ess_tail_min
+                                    or d > rule.divergences_max)})
+    return out
+
+
+def _brief_conv(c: dict) -> str:
+    return (f"div {c['divergences']} ess bulk {c['ess_bulk_min']:.0f} tail {c['ess_tail_min']:.0f} "
+            f"rhat {c['rhat_max']:.3f}{' FAILS' if c['failing'] else ''}")
 
 
 def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed) -> dict:
@@ -626,11 +690,12 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
-    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc"], default="nuts",
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc", "adaptive_hmc_dense"], default="nuts",
                    help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
                         "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen; "
                         "adaptive_hmc: jittered HMC with every dataset's own warm-up (--warmup steps; "
-                        "--target-accept 0.9 as validated)")
+                        "--target-accept 0.9 as validated); adaptive_hmc_dense: the same with a mass matrix dense "
+                        "on the global parameters, diagonal on the unit intercepts")
     r.add_argument("--pilot-datasets", type=int, default=8)
     r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
     r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
@@ -646,9 +711,10 @@ def main() -> int:
     v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
-    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc"],
+    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc", "adaptive_hmc_dense"],
                    help="default: the registered simulation_sampler's; adaptive_hmc: the candidate with every "
-                        "dataset's own warm-up (not registered)")
+                        "dataset's own warm-up (not registered); adaptive_hmc_dense: the same with a mass matrix "
+                        "dense on the global parameters, diagonal on the unit intercepts")
     v.add_argument("--reference-draws", type=int, help="the long nutpie run's draws per chain (4 chains, 1,000 "
                                                         "tuning; default 4,000, 1,000 with --quick)")
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")

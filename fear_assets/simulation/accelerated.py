@@ -36,6 +36,13 @@ ADAPTIVE = "adaptive_hmc"
 #: Its target acceptance: above HMC's asymptotic optimum (0.65) because a divergent draw fails
 #: the registered convergence rule (divergences_max 0); 0.8 left divergences at 50 frames.
 ADAPTIVE_TARGET_ACCEPT = 0.9
+#: The same with a block mass matrix (issue 28): dense on the global parameters, diagonal on the
+#: unit intercepts (``dense_block_indices``), each adapted per dataset. Not registered either.
+ADAPTIVE_DENSE = "adaptive_hmc_dense"
+ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE)
+#: The value variables on the block metric's diagonal: one standardised intercept per unit
+#: (or document), many, independent a priori given their scale; every other variable is global.
+UNIT_INTERCEPTS = ("z_unit", "z_document")
 
 #: Per model kind, the variables the reported contrasts are read from (all untransformed).
 CONTRAST_VARIABLES = {"primary": ("intercept", "beta"), "joint": ("intercept", "beta", "block_beta"),
@@ -136,10 +143,12 @@ def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, k
     s = sampler_settings
     keep = prog.keep_fn() if keep is None else keep
     timings: dict = {}
-    if s.algorithm == ADAPTIVE:
+    if s.algorithm in ADAPTIVE_ALGORITHMS:
         # no pilot: every dataset adapts from a cold start (seeded jitter about PyMC's initial point)
+        dense = dense_block_indices(prog.jm.names, prog.jm.sizes) if s.algorithm == ADAPTIVE_DENSE else None
         sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
-                                     target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT))
+                                     target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT),
+                                     dense_idx=dense)
         rng = np.random.default_rng(seed)
         params = FrozenHMC(0.05, 1.0, np.ones(prog.jm.dim),
                            prog.jm.x0 + 0.5 * rng.uniform(-1.0, 1.0, (s.chains, prog.jm.dim)))
@@ -169,6 +178,16 @@ class _NUTSKeep(BatchedNUTS):
             return jax.vmap(jax.vmap(jax.vmap(keep)))(kept), div, grads, step
 
         return jax.jit(run)
+
+
+def dense_block_indices(names: Sequence[str], sizes: Sequence[int], diagonal: Sequence[str] = UNIT_INTERCEPTS) -> np.ndarray:
+    """The flat coordinates of the block metric's dense part: every value variable (``names``, in
+    the flat layout's order, with ``sizes``) but the unit intercepts (``diagonal``)."""
+    offsets = np.cumsum([0, *sizes])
+    idx = [np.arange(offsets[i], offsets[i + 1]) for i, n in enumerate(names) if n not in diagonal]
+    if not idx:
+        raise ValueError(f"no global parameter among {list(names)}: nothing to make dense")
+    return np.concatenate(idx).astype(np.int64)
 
 
 def fit_batch(tuned: Tuned, Y: np.ndarray, seed: int, warmup: int, draws: int) -> dict:

@@ -603,16 +603,103 @@ def stan_windows(steps: int, initial: int = 75, final: int = 50, first: int = 25
 @dataclass
 class AdaptedHMC:
     """What each dataset's own warm-up adapted (``BatchedAdaptiveHMC``): per dataset, the step
-    size, the trajectory length and the diagonal inverse mass matrix its draws used."""
+    size, the trajectory length and the inverse mass matrix its draws used: ``inverse_mass_matrix``
+    its diagonal (every coordinate); where a dense block was adapted, ``dense_idx`` (its
+    coordinates) and ``dense_chol`` (K, m, m: the lower Cholesky factor of that block)."""
 
     step_size: np.ndarray  # (K,)
     trajectory_length: np.ndarray  # (K,)
     inverse_mass_matrix: np.ndarray  # (K, dim)
+    dense_idx: np.ndarray | None = None  # (m,)
+    dense_chol: np.ndarray | None = None  # (K, m, m)
+
+    def dense_block(self) -> np.ndarray | None:
+        """The dense block of each dataset's inverse mass matrix, (K, m, m), or None."""
+        if self.dense_chol is None:
+            return None
+        return self.dense_chol @ np.swapaxes(self.dense_chol, -1, -2)
+
+
+def block_metric(inverse_mass_diag, dense_chol, dense_idx):
+    """A BlackJAX ``Metric`` (Gaussian Euclidean) whose inverse mass matrix is DENSE on the
+    coordinates ``dense_idx`` (the block L L^T, ``dense_chol`` = L lower triangular) and DIAGONAL
+    (``inverse_mass_diag``) on every other coordinate; the diagonal's entries at ``dense_idx``
+    are not used. Costs O(m^2) a leapfrog step (two triangular products), not O(dim^2): the unit
+    intercepts, most of a model's coordinates, stay on the diagonal."""
+    import jax
+    import jax.numpy as jnp
+    from blackjax.mcmc.metrics import Metric
+    from jax.scipy.linalg import solve_triangular
+
+    imm, L, idx = inverse_mass_diag, dense_chol, dense_idx
+    sd = jnp.sqrt(imm)
+
+    def velocity(p):  # M^-1 p
+        return (imm * p).at[idx].set(L @ (L.T @ p[idx]))
+
+    def sample_momentum(key, position):
+        z = jax.random.normal(key, jnp.shape(position), jnp.result_type(position))
+        # M = L^-T L^-1 on the block: p = L^-T z has covariance M
+        return (z / sd).at[idx].set(solve_triangular(L.T, z[idx], lower=False))
+
+    def kinetic_energy(momentum, position=None):
+        return 0.5 * jnp.dot(velocity(momentum), momentum)
+
+    def check_turning(momentum_left, momentum_right, momentum_sum, position_left=None, position_right=None):
+        rho = momentum_sum - (momentum_right + momentum_left) / 2
+        return (jnp.dot(velocity(momentum_left), rho) <= 0) | (jnp.dot(velocity(momentum_right), rho) <= 0)
+
+    def scale(position, element, *, inv, trans):
+        # M^(1/2) = L^-T (block), 1 / sd (diagonal): inv -> its inverse L^T / sd
+        if inv:
+            return (element * sd).at[idx].set((L if trans else L.T) @ element[idx])
+        return (element / sd).at[idx].set(solve_triangular(L if trans else L.T, element[idx], lower=trans))
+
+    return Metric(sample_momentum, kinetic_energy, check_turning, scale)
+
+
+def whiten(x, inverse_mass_diag, dense_chol, dense_idx):
+    """Coordinates in the metric's whitened frame: L^-1 x on the dense block, x / sqrt(diag) elsewhere."""
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    w = x / jnp.sqrt(inverse_mass_diag)
+    if dense_idx is None:
+        return w
+    return w.at[dense_idx].set(solve_triangular(dense_chol, x[dense_idx], lower=True))
+
+
+def whiten_momentum(p, inverse_mass_diag, dense_chol, dense_idx):
+    """The velocity M^-1 p in the whitened frame: L^T p on the dense block, sqrt(diag) p elsewhere."""
+    import jax.numpy as jnp
+
+    w = p * jnp.sqrt(inverse_mass_diag)
+    if dense_idx is None:
+        return w
+    return w.at[dense_idx].set(dense_chol.T @ p[dense_idx])
+
+
+def regularised_covariance(n, s1, s2):
+    """Stan's regularised metric from a window's n draws (sums ``s1`` and of outer products or
+    squares ``s2``): (n / (n + 5)) S + 1e-3 (5 / (n + 5)) I, S the sample covariance: it shrinks a
+    short window's estimate towards a small multiple of the identity (and keeps it positive definite)."""
+    import jax.numpy as jnp
+
+    dense = s2.ndim == s1.ndim + 1
+    nn = jnp.maximum(n, 1.0)
+    mean_sq = (s1[..., :, None] * s1[..., None, :]) if dense else s1 ** 2
+    cov = (s2 - mean_sq / nn[..., None, None] if dense else s2 - mean_sq / nn[..., None])
+    shape = (..., None, None) if dense else (..., None)
+    cov = cov / jnp.maximum(n - 1, 1.0)[shape]
+    reg = 1e-3 * (5.0 / (n + 5.0))[shape]
+    if dense:
+        return (n / (n + 5.0))[shape] * cov + reg * jnp.eye(s1.shape[-1], dtype=s1.dtype)
+    return (n / (n + 5.0))[shape] * cov + reg
 
 
 class BatchedAdaptiveHMC(BatchedChEES):
     """Jittered HMC over many datasets' chains in one JAX program in which EVERY DATASET ADAPTS
-    ITS OWN step size, diagonal mass matrix and trajectory length in a warm-up (pooling its own
+    ITS OWN step size, mass matrix and trajectory length in a warm-up (pooling its own
     chains), then samples with them frozen. A frozen batch-wide tuning (``BatchedChEES``) fails
     where datasets' posteriors differ (funnels, SBC's prior draws); NUTS under vmap waits at
     every step for the batch's longest tree.
@@ -622,17 +709,23 @@ class BatchedAdaptiveHMC(BatchedChEES):
     datasets' step sizes and lengths do). eps_k: dual averaging (Hoffman and Gelman 2014)
     towards ``target_accept`` of the mean acceptance of dataset k's chains (a divergent
     transition counts 0). M_k: Stan's windows (``stan_windows``); each slow window's pooled
-    chain variance, regularised as Stan does, becomes the diagonal inverse mass matrix and
-    restarts eps_k's averaging. L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
+    chain covariance, regularised as Stan does (``regularised_covariance``), becomes the inverse
+    mass matrix and restarts eps_k's averaging: diagonal, or, given ``dense_idx``, DENSE on those
+    coordinates (a model's global parameters) and diagonal on the rest (its unit intercepts;
+    ``block_metric``). L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
     the whitened form of BlackJAX's ``chees_adaptation``) ascended by Adam in log L on
     dataset k's chains, its running average kept. ``tune`` (the parent's ChEES on pilot datasets)
     gives only where the warm-up starts: the chains' positions, eps, L and M."""
 
     def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray | None = None,
                  keep: Callable | None = None, float32: bool = False, max_steps: int = 1024,
-                 target_accept: float = 0.8, learning_rate: float = 0.025):
+                 target_accept: float = 0.8, learning_rate: float = 0.025, dense_idx: Sequence[int] | None = None):
         super().__init__(logdensity, dim, x0, keep_idx, keep, float32, max_steps)
         self.target_accept, self.learning_rate = float(target_accept), float(learning_rate)
+        idx = None if dense_idx is None else np.unique(np.asarray(dense_idx, dtype=np.int64))
+        if idx is not None and (idx.size == 0 or idx[0] < 0 or idx[-1] >= self.dim):
+            raise ValueError(f"dense_idx must name coordinates 0..{self.dim - 1}, got {dense_idx!r}")
+        self.dense_idx = idx
 
     def _compile(self, warmup: int, draws: int):
         import jax
@@ -644,6 +737,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
         logdensity, keep, max_steps = self.logdensity, self.keep, self.max_steps
         target, lr = self.target_accept, self.learning_rate
         da_init0, da_update, da_final = dual_averaging_adaptation(target)
+        idx = None if self.dense_idx is None else jnp.asarray(self.dense_idx)
 
         def da_init(eps):  # one averaging per dataset: every field a (K,) vector but the step count
             st = da_init0(eps)
@@ -652,15 +746,21 @@ class BatchedAdaptiveHMC(BatchedChEES):
         slow_np, end_np = stan_windows(warmup)
         b1, b2, clip = 0.9, 0.999, 0.35  # Adam's defaults; BlackJAX's clip of a log-length update
 
-        def step(key, state, y, eps, imm, n):
-            return kernel(key, state, lambda z: logdensity(z, y), eps, imm, n)
+        def step(key, state, y, eps, imm, chol, n):
+            # a diagonal metric is BlackJAX's own (an array); a block metric is ``block_metric``
+            metric = imm if idx is None else block_metric(imm, chol, idx)
+            return kernel(key, state, lambda z: logdensity(z, y), eps, metric, n)
 
-        per_chain = jax.vmap(step, in_axes=(0, 0, 0, 0, 0, 0))
+        # one vmap level over every (dataset, chain) pair: an exported log density supports one
+        per_chain = jax.vmap(step, in_axes=(0, 0, 0, 0, 0, 0, 0))
         init_chain = jax.vmap(lambda x, y: hmc.init(x, lambda z: logdensity(z, y)))
+        white_x = jax.vmap(lambda x, d, c: whiten(x, d, c, idx))
+        white_p = jax.vmap(lambda p, d, c: whiten_momentum(p, d, c, idx))
 
-        def run(keys, jitter_key, positions, Y, eps0, length0, imm0):
+        def run(keys, jitter_key, positions, Y, eps0, length0, imm0, chol0):
             K, chains = keys.shape[:2]
             dim = positions.shape[-1]
+            m = chol0.shape[-1]
             Yr = jnp.repeat(Y, chains, axis=0)
             rep = lambda a: jnp.repeat(a, chains, axis=0)  # noqa: E731  per dataset -> per chain
             states = init_chain(positions.reshape(K * chains, dim), Yr)
@@ -668,30 +768,42 @@ class BatchedAdaptiveHMC(BatchedChEES):
             chain_keys = jnp.swapaxes(chain_keys, 0, 1)
             jit_u = jax.random.uniform(jitter_key, (warmup + draws,), dtype=positions.dtype)
 
-            def transition(states, ks, u, eps, length, imm):
+            # the dense factor is kept per chain (repeated once per window, not per transition)
+            def transition(states, ks, u, eps, length, imm, chol_r):
                 n = jnp.clip(jnp.ceil(u * length / eps), 1, max_steps).astype(jnp.int32)
-                new, info = per_chain(ks, states, Yr, rep(eps), rep(imm), rep(n))
+                new, info = per_chain(ks, states, Yr, rep(eps), rep(imm), chol_r, rep(n))
                 return new, info, n
 
+            def set_metric(ops):
+                s0, s1, s2, S2, imm, chol_r = ops
+                new_imm = regularised_covariance(s0, s1, s2)
+                if idx is None:
+                    return new_imm, chol_r
+                cov = regularised_covariance(s0, s1[:, idx], S2)
+                chol = jnp.linalg.cholesky(cov)
+                # a window whose factor failed (not positive definite in rounding) keeps the last one
+                ok = jnp.all(jnp.isfinite(chol), axis=(1, 2))
+                chol = jnp.where(ok[:, None, None], chol, chol_r.reshape(K, chains, m, m)[:, 0])
+                return new_imm, rep(chol)
+
             def warm(carry, xs):
-                states, da, log_l, adam_m, adam_v, ma_l, imm, s0, s1, s2, t = carry
+                states, da, log_l, adam_m, adam_v, ma_l, imm, chol_r, s0, s1, s2, S2, t = carry
                 ks, u, slow, end = xs
                 eps, length = jnp.exp(da.log_step_size), jnp.exp(log_l)
                 x_before = states.position
-                states, info, _ = transition(states, ks, u, eps, length, imm)
+                states, info, _ = transition(states, ks, u, eps, length, imm, chol_r)
                 acc = jnp.where(info.is_divergent, 0.0, info.acceptance_rate).reshape(K, chains)
                 da = da_update(da, acc.mean(axis=1))
-                # ChEES gradient in log L per dataset (acceptance-weighted over its chains, whitened by M_k)
+                # ChEES gradient in log L per dataset (acceptance-weighted over its chains, in M_k's whitened frame)
                 w = acc
-                prop = info.proposal.position.reshape(K, chains, dim)
+                imm_r = rep(imm)
+                prop = white_x(info.proposal.position, imm_r, chol_r).reshape(K, chains, dim)
                 # BlackJAX flips the proposal's momentum (the HMC involution): the end velocity is M^-1 (-p)
-                mom = -info.proposal.momentum.reshape(K, chains, dim)
-                init = x_before.reshape(K, chains, dim)
+                vel = white_p(-info.proposal.momentum, imm_r, chol_r).reshape(K, chains, dim)
+                init = white_x(x_before, imm_r, chol_r).reshape(K, chains, dim)
                 pmean = (w[..., None] * prop).sum(1) / (w.sum(1)[:, None] + 1e-20)
                 imean = init.mean(1)
-                s = 1.0 / jnp.sqrt(imm)
-                pc, ic = (prop - pmean[:, None]) * s[:, None], (init - imean[:, None]) * s[:, None]
-                vel = mom * imm[:, None] * s[:, None]
+                pc, ic = prop - pmean[:, None], init - imean[:, None]
                 g_chain = ((pc ** 2).sum(-1) - (ic ** 2).sum(-1)) * (pc * vel).sum(-1)
                 g = u * length * (w * g_chain).sum(1) / (w.sum(1) + 1e-20)
                 g = jnp.where(jnp.isfinite(g), g, 0.0)
@@ -701,35 +813,38 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 log_l = jnp.clip(log_l + jnp.clip(upd, -clip, clip), jnp.log(eps), jnp.log(max_steps * eps))
                 weight = t ** -0.5
                 ma_l = (1 - weight) * ma_l + weight * log_l
-                # the slow windows' pooled variance per dataset
+                # the slow windows' pooled moments per dataset
                 xk = states.position.reshape(K, chains, dim)
                 s0 = jnp.where(slow, s0 + chains, s0)
                 s1 = jnp.where(slow, s1 + xk.sum(1), s1)  # plain sums: float64 (the sampler's default) keeps them exact enough
                 s2 = jnp.where(slow, s2 + (xk ** 2).sum(1), s2)
-                n_w = s0[:, None]
-                var = (s2 - s1 ** 2 / jnp.maximum(n_w, 1)) / jnp.maximum(n_w - 1, 1)
-                new_imm = (n_w / (n_w + 5.0)) * var + 1e-3 * (5.0 / (n_w + 5.0))
-                imm = jnp.where(end, new_imm, imm)
+                if idx is not None:
+                    xb = xk[..., idx]
+                    S2 = jnp.where(slow, S2 + jnp.einsum("kci,kcj->kij", xb, xb), S2)
+                # the factorisation only where a window ends (the batch shares the schedule)
+                imm, chol_r = jax.lax.cond(end, set_metric, lambda ops: (ops[4], ops[5]),
+                                           (s0, s1, s2, S2, imm, chol_r))
                 # a new metric: the step size's averaging restarts from the current step size
                 restarted = da_init(jnp.exp(da.log_step_size))
                 da = jax.tree_util.tree_map(lambda a, b: jnp.where(end, a, b), restarted, da)
-                s0, s1, s2 = (jnp.where(end, jnp.zeros_like(a), a) for a in (s0, s1, s2))
-                return (states, da, log_l, adam_m, adam_v, ma_l, imm, s0, s1, s2, t + 1), (
+                s0, s1, s2, S2 = (jnp.where(end, jnp.zeros_like(a), a) for a in (s0, s1, s2, S2))
+                return (states, da, log_l, adam_m, adam_v, ma_l, imm, chol_r, s0, s1, s2, S2, t + 1), (
                     info.is_divergent.reshape(K, chains), jnp.broadcast_to(_n_max(eps, length, u, max_steps), ()))
 
             zK = jnp.zeros((K,), dtype=positions.dtype)
-            carry = (states, da_init(eps0), jnp.log(length0), zK, zK, jnp.log(length0), imm0,
+            chol_r0 = rep(chol0)
+            carry = (states, da_init(eps0), jnp.log(length0), zK, zK, jnp.log(length0), imm0, chol_r0,
                      zK, jnp.zeros((K, dim), positions.dtype), jnp.zeros((K, dim), positions.dtype),
-                     jnp.asarray(1.0, positions.dtype))
+                     jnp.zeros((K, m, m), positions.dtype), jnp.asarray(1.0, positions.dtype))
             carry, (warm_div, warm_n) = jax.lax.scan(
                 warm, carry, (chain_keys[:warmup], jit_u[:warmup], jnp.asarray(slow_np), jnp.asarray(end_np)))
-            states, da, _, _, _, ma_l, imm = carry[:7]
+            states, da, _, _, _, ma_l, imm, chol_r = carry[:8]
             eps = da_final(da) if warmup else eps0
             length = jnp.clip(jnp.exp(ma_l), eps, max_steps * eps) if warmup else length0
 
             def draw(states, xs):
                 ks, u = xs
-                states, info, n = transition(states, ks, u, eps, length, imm)
+                states, info, n = transition(states, ks, u, eps, length, imm, chol_r)
                 return states, (jax.vmap(keep)(states.position), info.is_divergent, info.acceptance_rate, n.max())
 
             states, (kept, div, acc, n_draw) = jax.lax.scan(draw, states, (chain_keys[warmup:], jit_u[warmup:]))
@@ -738,9 +853,19 @@ class BatchedAdaptiveHMC(BatchedChEES):
             # leapfrog steps the batch ran (every chain waits for the longest trajectory of a step)
             grads = (warm_n.sum() + n_draw.sum()) * jnp.ones((K, chains), dtype=jnp.int32)
             return (per(kept), per(div.T.sum(axis=1)), grads, per(acc.T.mean(axis=1)), eps, length, imm,
-                    warm_div.sum(axis=0), per(states.position))
+                    per(chol_r)[:, 0], warm_div.sum(axis=0), per(states.position))
 
         return jax.jit(run)
+
+    def _start_chol(self, imm: np.ndarray) -> np.ndarray:
+        """(K, m, m): the dense block's starting factor, the diagonal's square root on it (or (K, 0, 0))."""
+        if self.dense_idx is None:
+            return np.zeros((len(imm), 0, 0))
+        return np.stack([np.diag(np.sqrt(d[self.dense_idx])) for d in imm])
+
+    def _adapted(self, eps, length, imm, chol) -> AdaptedHMC:
+        return AdaptedHMC(np.asarray(eps, dtype=float), np.asarray(length, dtype=float), np.asarray(imm, dtype=float),
+                          self.dense_idx, None if self.dense_idx is None else np.asarray(chol, dtype=float))
 
     def fit_kept(self, Y: np.ndarray, start: FrozenHMC, seed: int, warmup: int, draws: int,
                  timings: dict | None = None) -> dict:
@@ -755,23 +880,22 @@ class BatchedAdaptiveHMC(BatchedChEES):
         key, jkey = jax.random.split(jax.random.PRNGKey(seed))
         keys = jax.random.split(key, K * chains).reshape(K, chains, -1)
         dt = self.dtype
+        imm0 = np.broadcast_to(start.inverse_mass_matrix, (K, self.dim))
         args = (keys, jkey, jnp.asarray(np.broadcast_to(start.positions, (K,) + np.shape(start.positions)), dtype=dt),
                 jnp.asarray(Y, dtype=dt), jnp.full((K,), start.step_size, dtype=dt),
-                jnp.full((K,), start.trajectory_length, dtype=dt),
-                jnp.asarray(np.broadcast_to(start.inverse_mass_matrix, (K, self.dim)), dtype=dt))
+                jnp.full((K,), start.trajectory_length, dtype=dt), jnp.asarray(imm0, dtype=dt),
+                jnp.asarray(self._start_chol(imm0), dtype=dt))
         shape = (warmup, draws, K, chains, np.shape(Y)[1])
         t = time.perf_counter()
         if self._run is None or self._run[0] != shape:
             self._run = (shape, self._compile(warmup, draws).lower(*args).compile())
         t1 = time.perf_counter()
-        kept, div, grads, acc, eps, length, imm, wdiv, last = jax.block_until_ready(self._run[1](*args))
+        kept, div, grads, acc, eps, length, imm, chol, wdiv, last = jax.block_until_ready(self._run[1](*args))
         if timings is not None:
             timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
         return {"kept": np.asarray(kept, dtype=float), "divergences": np.asarray(div), "gradients": np.asarray(grads),
                 "acceptance": np.asarray(acc), "warmup_divergences": np.asarray(wdiv),
-                "adapted": AdaptedHMC(np.asarray(eps, dtype=float), np.asarray(length, dtype=float),
-                                      np.asarray(imm, dtype=float)),
-                "positions": np.asarray(last, dtype=float)}
+                "adapted": self._adapted(eps, length, imm, chol), "positions": np.asarray(last, dtype=float)}
 
     def extend(self, Y: np.ndarray, fit: dict, seed: int, draws: int, timings: dict | None = None) -> dict:
         """The convergence remedy on the accelerator path: ``draws`` more draws of each dataset
@@ -787,13 +911,14 @@ class BatchedAdaptiveHMC(BatchedChEES):
         key, jkey = jax.random.split(jax.random.PRNGKey(seed))
         keys = jax.random.split(key, K * chains).reshape(K, chains, -1)
         dt = self.dtype
+        chol = ad.dense_chol if ad.dense_chol is not None else self._start_chol(ad.inverse_mass_matrix)
         args = (keys, jkey, jnp.asarray(fit["positions"], dtype=dt), jnp.asarray(Y, dtype=dt),
                 jnp.asarray(ad.step_size, dtype=dt), jnp.asarray(ad.trajectory_length, dtype=dt),
-                jnp.asarray(ad.inverse_mass_matrix, dtype=dt))
+                jnp.asarray(ad.inverse_mass_matrix, dtype=dt), jnp.asarray(chol, dtype=dt))
         t = time.perf_counter()
         run = self._compile(0, draws).lower(*args).compile()
         t1 = time.perf_counter()
-        kept, div, grads, acc, _, _, _, _, last = jax.block_until_ready(run(*args))
+        kept, div, grads, acc, _, _, _, _, _, last = jax.block_until_ready(run(*args))
         if timings is not None:
             timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
         n0 = fit["kept"].shape[2]
