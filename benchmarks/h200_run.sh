@@ -29,8 +29,10 @@ if [ "$CHEES_S" -gt 0 ]; then
 fi
 # Issue 28's candidate with every dataset's own warm-up (adaptive_hmc, target acceptance 0.9 as
 # validated on CPU); off unless ADAPTIVE_S is set, within the same device-time sum.
+# ADAPTIVE_ALGORITHM=adaptive_hmc_dense: the block mass matrix (dense globals, diagonal unit intercepts).
 if [ "$ADAPTIVE_S" -gt 0 ]; then
-  timeout "$ADAPTIVE_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" --algorithm adaptive_hmc \
+  timeout "$ADAPTIVE_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" \
+    --algorithm "${ADAPTIVE_ALGORITHM:-adaptive_hmc}" \
     --chains 4 --target-accept 0.9 --datasets 64 256 --grad-batches 256 1024 --warmup 400 \
     --max-seconds $((ADAPTIVE_S - 30)) --json power_gpu_adaptive.json 2>&1 | tee "$OUT/power_gpu_adaptive.log"
 fi

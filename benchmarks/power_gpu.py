@@ -291,7 +291,7 @@ def run(args) -> int:
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
                           "algorithm": args.algorithm,
                           "trajectory_length": getattr(ref, "trajectory_length", None),
-                          "dense": args.dense}
+                          "dense": args.dense or args.algorithm == "adaptive_hmc_dense"}
     save("c_reference")
 
     # (d) many datasets at once
