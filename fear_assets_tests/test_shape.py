@@ -149,6 +149,19 @@ def test_only_the_shell_imports_dagster():
     assert loaded["torch_after_core"] is False
 
 
+def test_loading_the_definitions_imports_no_model_or_statistics_library():
+    """Every Dagster process (the UI's code server, each run worker, each step process) loads
+    the definitions first; torch, transformers, SciPy's statistics, PyMC and ArviZ load only
+    in the steps that use them (on this machine: 9.6-10.7 s to load the definitions, against
+    17.8-20.1 s with torch, transformers and scipy.stats at module level)."""
+    heavy = ("torch", "transformers", "scipy.stats", "pymc", "arviz", "matplotlib", "statsmodels", "sklearn")
+    code = ("import json, sys\nimport fear_assets.defs.definitions\n"
+            f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 def _settings_receiver(node: ast.AST) -> bool:
     """``settings.x`` or ``<anything>.settings().x``: an expression that is the settings object."""
     if isinstance(node, ast.Name):

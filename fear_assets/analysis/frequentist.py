@@ -38,7 +38,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fear_assets.models.coding import cell_row
 from fear_assets.models.primary_model import COVARIATES, hypotheses, prepare
@@ -92,6 +91,8 @@ def wald_rows(estimates: Mapping[str, float], ses: Mapping[str, float], level: f
               df: float | None = None) -> pd.DataFrame:
     """One row per contrast: estimate, standard error and a two-sided ``level`` interval
     (normal quantile, or Student-t with ``df`` degrees of freedom when given)."""
+    from scipy import stats  # here, not at import: scipy.stats alone costs every Dagster process ~2 s
+
     check_level(level)
     q = stats.norm.ppf(0.5 + level / 2) if df is None else stats.t.ppf(0.5 + level / 2, df)
     out = [{"hypothesis": h, "estimate": float(estimates[h]), "se": float(ses[h]),

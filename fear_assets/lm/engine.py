@@ -33,19 +33,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
-import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+if TYPE_CHECKING:
+    import torch
+    from transformers import DynamicCache
 
 from fear_assets.lm.requests import (GENERATE, LOGLIKELIHOOD, NEXT_TOKEN, ContinuationScore, Request,
                                      Response)
 
 __all__ = ["ContinuationScore", "GenerationState", "Request", "Response", "TeacherForcedEngine", "encode_pair",
-           "naive_scores", "naive_greedy"]
+           "inference_mode", "naive_scores", "naive_greedy"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -78,6 +79,7 @@ def _device(model) -> torch.device:
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    import torch
     return torch.log_softmax(logits.float(), dim=-1)
 
 
@@ -99,28 +101,49 @@ def _view(cache) -> DynamicCache:
     return view
 
 
-class _DecodeLayer(DynamicLayer):
-    """A full-attention cache layer for batched decoding: the documents' left-padded keys in
-    a buffer with room for every new token, written in place (no copy of the cache per step,
-    as ``torch.cat`` in a dynamic layer would make)."""
+def inference_mode(fn):
+    """``torch.inference_mode()`` as a decorator that imports torch on the first call: the
+    engine's module is imported wherever the Dagster definitions are (the UI's code server,
+    every run and step process), and only the processes that score need torch."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
-        super().__init__()
-        self._k = keys.new_zeros((*keys.shape[:2], keys.shape[2] + room, keys.shape[3]))
-        self._v = values.new_zeros((*values.shape[:2], values.shape[2] + room, values.shape[3]))
-        self._k[:, :, : keys.shape[2]] = keys
-        self._v[:, :, : values.shape[2]] = values
-        self._n = keys.shape[2]
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
-        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        m = key_states.shape[-2]
-        self._k[:, :, self._n: self._n + m] = key_states
-        self._v[:, :, self._n: self._n + m] = value_states
-        self._n += m
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
-        return self.keys, self.values
+    return wrapper
+
+
+@functools.cache
+def _decode_layer_type():
+    """``_DecodeLayer``, defined on first use (its base class is transformers')."""
+    from transformers.cache_utils import DynamicLayer
+
+    class _DecodeLayer(DynamicLayer):
+        """A full-attention cache layer for batched decoding: the documents' left-padded keys in
+        a buffer with room for every new token, written in place (no copy of the cache per step,
+        as ``torch.cat`` in a dynamic layer would make)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+            super().__init__()
+            self._k = keys.new_zeros((*keys.shape[:2], keys.shape[2] + room, keys.shape[3]))
+            self._v = values.new_zeros((*values.shape[:2], values.shape[2] + room, values.shape[3]))
+            self._k[:, :, : keys.shape[2]] = keys
+            self._v[:, :, : values.shape[2]] = values
+            self._n = keys.shape[2]
+            self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+            self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            m = key_states.shape[-2]
+            self._k[:, :, self._n: self._n + m] = key_states
+            self._v[:, :, self._n: self._n + m] = value_states
+            self._n += m
+            self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+            return self.keys, self.values
+
+    return _DecodeLayer
 
 
 @dataclass
@@ -179,7 +202,7 @@ class TeacherForcedEngine:
             bounds[-2:] = [(bounds[-2][0], bounds[-1][1])]
         return bounds
 
-    @torch.inference_mode()
+    @inference_mode
     def prefill(self, ids: Sequence[int], keep_logits: int = 1):
         """Run ``ids`` into a new cache; returns (cache, logits of the last ``keep_logits``
         positions, outputs of the last forward).
@@ -187,6 +210,7 @@ class TeacherForcedEngine:
         A prefix longer than ``prefill_chunk`` runs in chunks through the cache, as
         ``generate(prefill_chunk_size=...)`` does: the same scores (each query still sees every
         key before it, sliding windows included)."""
+        import torch
         if not len(ids):
             raise ValueError("the shared prefix is empty; a request list needs at least one prefix token")
         ids = list(ids)
@@ -198,10 +222,11 @@ class TeacherForcedEngine:
             _, out = self.extend(cache, ids[rest[0][0]:], keep_logits=keep_logits)
         return cache, out.logits[0], out
 
-    @torch.inference_mode()
+    @inference_mode
     def extend(self, cache, ids: Sequence[int], keep_logits: int = 1):
         """Append ``ids`` to a batch-1 cache (in place; more than ``prefill_chunk`` in chunks);
         returns (logits of the last ``keep_logits`` positions, outputs of the last forward)."""
+        import torch
         ids = list(ids)
         chunks = self._chunks(len(ids), keep_logits)
         for k, (a, b) in enumerate(chunks):
@@ -212,11 +237,12 @@ class TeacherForcedEngine:
                              cache_position=positions, logits_to_keep=keep_logits if k == len(chunks) - 1 else 1)
         return out.logits[0], out
 
-    @torch.inference_mode()
+    @inference_mode
     def prefix_cache(self, ids: Sequence[int]):
         """(cache, last logits) of ``ids``: with ``reuse_prefix``, the previous prefix's cache
         cut at their longest common head (at most all but the last token of ``ids``) and
         extended by the rest; otherwise (or with nothing to reuse) one prefill."""
+        from transformers.cache_utils import DynamicLayer
         ids = list(ids)
         last = self._last_prefix if self.reuse_prefix else None
         if last is not None:
@@ -247,6 +273,7 @@ class TeacherForcedEngine:
     def _stored_positions(self, cache) -> dict[str, torch.Tensor]:
         """Positions of the keys each attention kind keeps in ``cache`` (a sliding layer keeps
         only its last window - 1 keys)."""
+        import torch
         n_ctx = cache.get_seq_length()
         out = {}
         for kind, i in self._first_of.items():
@@ -256,6 +283,7 @@ class TeacherForcedEngine:
 
     def _mask(self, kind: str, key_pos: torch.Tensor, q_pos: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Additive mask [B, 1, Q, K] from a boolean [B, Q, K]; the window from positions."""
+        import torch
         if kind == SLIDING and self.window:
             allowed = allowed & ((q_pos[..., :, None] - key_pos[..., None, :]) < self.window)
         dtype = self.model.dtype
@@ -300,10 +328,11 @@ class TeacherForcedEngine:
             chunks.append(current)
         return chunks
 
-    @torch.inference_mode()
+    @inference_mode
     def _packed_pass(self, cache, prefix_last: torch.Tensor, chunk, requests: Sequence[Request],
                      responses: list, states: dict, hook: Callable[[object], ContextManager] | None):
         """One forward over a chunk's prompts and continuations from ``cache`` (not modified)."""
+        import torch
         n_ctx = cache.get_seq_length()
         ids: list[int] = []
         q_pos: list[int] = []
@@ -397,6 +426,7 @@ class TeacherForcedEngine:
                request: Request) -> GenerationState:
         """The cache of prefix + prompt, cut out of the packed forward's keys (a view when the
         prompt opens the row, as the caller's first prompt does)."""
+        import torch
         keys, values = [], []
         for li, layer in enumerate(cache.layers):
             n_stored = layer.keys.shape[-2]
@@ -418,7 +448,7 @@ class TeacherForcedEngine:
         return GenerationState(keys, values, positions, n_ctx + length, last, request.max_new_tokens,
                                tuple(request.eos_ids))
 
-    @torch.inference_mode()
+    @inference_mode
     def from_cache(self, cache, last_logits: "torch.Tensor | None", requests: Sequence[Request],
                    hook: Callable[[object], ContextManager] | None = None
                    ) -> tuple[list[Response | None], dict[int, GenerationState]]:
@@ -439,7 +469,7 @@ class TeacherForcedEngine:
             self._packed_pass(cache, last_logits, chunk, requests, responses, states, hook if c == 0 else None)
         return responses, states
 
-    @torch.inference_mode()
+    @inference_mode
     def start(self, prefix_ids: Sequence[int], requests: Sequence[Request],
               hook: Callable[[object], ContextManager] | None = None
               ) -> tuple[list[Response | None], dict[int, GenerationState]]:
@@ -449,7 +479,7 @@ class TeacherForcedEngine:
         return self.from_cache(cache, last, requests, hook)
 
     # -- batched greedy generation --------------------------------------------------------
-    @torch.inference_mode()
+    @inference_mode
     def generate(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
         """Greedy tokens for every state, ``generation_batch`` documents per decoding batch;
         returns (tokens, truncated by max_new_tokens) per state."""
@@ -459,6 +489,8 @@ class TeacherForcedEngine:
         return out
 
     def _greedy_batch(self, states: Sequence[GenerationState]) -> list[tuple[list[int], bool]]:
+        import torch
+        from transformers.cache_utils import Cache
         B = len(states)
         room = max(s.max_new_tokens for s in states)
         layers = []
@@ -471,7 +503,7 @@ class TeacherForcedEngine:
                 n = s.keys[li].shape[-2]
                 k[b, :, width - n:] = s.keys[li][0]
                 v[b, :, width - n:] = s.values[li][0]
-            layers.append(_DecodeLayer(k, v, room))
+            layers.append(_decode_layer_type()(k, v, room))
             del k, v
         cache = Cache(layers=layers)
         key_pos, valid = {}, {}
@@ -514,9 +546,10 @@ class TeacherForcedEngine:
         return [(t, tr) for t, tr in zip(tokens, truncated)]
 
 
-@torch.inference_mode()
+@inference_mode
 def naive_scores(model, context_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[ContinuationScore]:
     """Reference: one full forward per continuation, no cache (what the engine must equal)."""
+    import torch
     device = _device(model)
     out = []
     for cont in continuations:
@@ -530,9 +563,10 @@ def naive_scores(model, context_ids: Sequence[int], continuations: Sequence[Sequ
     return out
 
 
-@torch.inference_mode()
+@inference_mode
 def naive_greedy(model, ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = ()) -> tuple[list[int], bool]:
     """Reference: greedy decoding with one full forward per token, no cache."""
+    import torch
     device = _device(model)
     ids, out = list(ids), []
     for _ in range(max_new_tokens):

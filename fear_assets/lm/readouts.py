@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-import torch
+from fear_assets.lm.engine import inference_mode
+
+if TYPE_CHECKING:
+    import torch
 
 
 def later_layers(n_layers: int, fraction_from: float) -> list[int]:
@@ -69,12 +72,13 @@ class AttentionCapture:
             for layer in patched:
                 del layer.update  # back to the class method
 
-    @torch.inference_mode()
+    @inference_mode
     def mass(self, question: Sequence[int], spans: Sequence[tuple[int, int]], start: int) -> list[float]:
         """Mean attention from the question positions to each key span.
 
         ``question`` indexes the captured positions (0 = the first token of the extension,
         whose absolute position is ``start``); ``spans`` are absolute [a, b) token ranges."""
+        import torch
         totals = torch.zeros(len(spans), dtype=torch.float64)
         for i in self.layers:
             attn = decoder_layers(self.model)[i].self_attn
@@ -135,4 +139,5 @@ class ResidualCapture:
                 h.remove()
 
     def mean(self) -> torch.Tensor:
+        import torch
         return torch.stack([self.captured[i] for i in self.layers]).mean(0)
