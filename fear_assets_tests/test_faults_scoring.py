@@ -199,7 +199,11 @@ def scoring_job(partition, smol_tokenizer, tmp_path_factory):
     return job, base, reference, requests
 
 
-def _kill_at(job: Path, db: Path, chunks: Path, marker: str, extra: list[str]) -> tuple[int, list[str]]:
+def _kill_at(job: Path, db: Path, chunks: Path, marker: str, extra: list[str],
+             sig: int = signal.SIGKILL) -> tuple[int, list[str]]:
+    """Run the scoring subprocess and send it ``sig`` when it prints ``marker``. A SIGTERM is
+    left to act (the process must end by itself within 60 s: a pod's grace period is 30 s by
+    default), and only then is the process killed, so a process that ignores it fails here."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "fear_assets_tests.fault_scoring", str(job), str(db), str(chunks),
                              "new", *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -209,7 +213,9 @@ def _kill_at(job: Path, db: Path, chunks: Path, marker: str, extra: list[str]) -
         for line in proc.stdout:
             lines.append(line.rstrip())
             if line.strip() == marker:
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(sig)
+                if sig != signal.SIGKILL:
+                    lines.extend(proc.communicate(timeout=60)[0].splitlines())
                 break
             if time.monotonic() > deadline:
                 break
@@ -258,6 +264,30 @@ def test_kill_9_mid_partition_leaves_old_or_new_rows_and_the_rerun_completes_it(
     assert _digest(final) == _digest(reference) and (final.generation == "new").all()
     assert not chunks.exists()
     assert json.loads(json.dumps(meta["documents/s"].value)) >= 0
+
+
+def test_sigterm_mid_partition_ends_the_step_keeps_the_old_rows_and_its_finished_chunks(scoring_job, tmp_path):
+    """What a Kubernetes pod's eviction or a scheduler's stop sends: SIGTERM while a partition
+    is being scored. The step must end by itself (Dagster turns the signal into an interrupt
+    inside the step), the store must keep the partition's old rows (no half-written
+    partition), and the chunks finished before it must be kept so that the rerun scores only
+    the rest."""
+    job, base, reference, requests = scoring_job
+    db, chunks = tmp_path / "store.duckdb", tmp_path / "chunks"
+    shutil.copy(base / "reference.duckdb", db)
+    code, lines = _kill_at(job, db, chunks, "FAULT-CHUNK 1", [], sig=signal.SIGTERM)
+    assert code not in (0, -signal.SIGKILL), lines[-20:]  # ended by the signal, by itself
+    after = _stored(db)
+    assert set(after.generation) == {"old"} and _digest(after) == _digest(reference)
+    planned = plan_chunks(requests, scoring_salt(model="tiny-random-llama-seed-0",
+                                                 config=vars(ScoringSettings(4096, 4, 1 / 3))), 3)
+    kept = [c for c in planned if read_chunk(chunks, c) is not None]
+    assert len(kept) >= 2
+    result = fault_scoring.materialize(job, db, chunks, generation="new")
+    meta = result.asset_materializations_for_node("fault_scores")[0].metadata
+    final = _stored(db)
+    assert result.success and (final.generation == "new").all() and _digest(final) == _digest(reference)
+    assert meta["documents reused from finished chunks"].value == sum(len(c.requests) for c in kept)
 
 
 # --- the scores asset itself resumes -----------------------------------------------------------
