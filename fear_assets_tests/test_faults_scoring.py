@@ -199,6 +199,13 @@ def scoring_job(partition, smol_tokenizer, tmp_path_factory):
     return job, base, reference, requests
 
 
+def _finished_chunks(requests: list, chunks: Path) -> list:
+    """The planned chunks of the fault job that a stopped run left complete on disk."""
+    planned = plan_chunks(requests, scoring_salt(model="tiny-random-llama-seed-0",
+                                                 config=vars(ScoringSettings(4096, 4, 1 / 3))), 3)
+    return [c for c in planned if read_chunk(chunks, c) is not None]
+
+
 def _kill_at(job: Path, db: Path, chunks: Path, marker: str, extra: list[str],
              sig: int = signal.SIGKILL) -> tuple[int, list[str]]:
     """Run the scoring subprocess and send it ``sig`` when it prints ``marker``. A SIGTERM is
@@ -242,9 +249,7 @@ def test_kill_9_mid_partition_leaves_old_or_new_rows_and_the_rerun_completes_it(
     never_mixed = len(generations) == 1 and len(after_kill) == len(reference) \
         and _digest(after_kill) == _digest(reference)
     # What survived the kill: finished chunks (complete and named by their requests) only.
-    planned = plan_chunks(requests, scoring_salt(model="tiny-random-llama-seed-0",
-                                                 config=vars(ScoringSettings(4096, 4, 1 / 3))), 3)
-    kept = [c for c in planned if read_chunk(chunks, c) is not None]
+    kept = _finished_chunks(requests, chunks)
     result = fault_scoring.materialize(job, db, chunks, generation="new")
     meta = result.asset_materializations_for_node("fault_scores")[0].metadata
     final = _stored(db)
@@ -279,9 +284,7 @@ def test_sigterm_mid_partition_ends_the_step_keeps_the_old_rows_and_its_finished
     assert code not in (0, -signal.SIGKILL), lines[-20:]  # ended by the signal, by itself
     after = _stored(db)
     assert set(after.generation) == {"old"} and _digest(after) == _digest(reference)
-    planned = plan_chunks(requests, scoring_salt(model="tiny-random-llama-seed-0",
-                                                 config=vars(ScoringSettings(4096, 4, 1 / 3))), 3)
-    kept = [c for c in planned if read_chunk(chunks, c) is not None]
+    kept = _finished_chunks(requests, chunks)
     assert len(kept) >= 2
     result = fault_scoring.materialize(job, db, chunks, generation="new")
     meta = result.asset_materializations_for_node("fault_scores")[0].metadata
