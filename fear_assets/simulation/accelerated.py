@@ -126,6 +126,43 @@ def kept_by_name(prog: BlockProgram, kept: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def kept_indices(prog: BlockProgram) -> np.ndarray:
+    """The flat coordinates of ``prog``'s kept variables, in ``prog.kept``'s order: a sampler
+    that keeps ``x[kept_indices]`` per draw keeps what ``prog.keep_fn()`` keeps, with no graph
+    to run (a device without PyMC). Only a value variable on its own scale can be kept so (the
+    reported contrasts' variables are: ``CONTRAST_VARIABLES``); a transformed one (``sigma``,
+    sampled as its log) raises, naming it."""
+    offsets = dict(zip(prog.jm.names, np.cumsum([0, *prog.jm.sizes])[:-1]))
+    sizes = dict(zip(prog.jm.names, prog.jm.sizes))
+    transformed = [n for n in prog.kept if n not in offsets]
+    if transformed:
+        raise ValueError(f"block {prog.block.block!r}: kept variable(s) {transformed} are sampled on a transformed "
+                         f"scale (value variables: {list(prog.jm.names)}); keep them with prog.keep_fn(), not by index")
+    return np.concatenate([np.arange(offsets[n], offsets[n] + sizes[n]) for n in prog.kept]).astype(np.int64)
+
+
+def affine_contrasts(prog: BlockProgram, atol: float = 1e-9, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The block's reported contrasts as an affine map of its kept vector, ``H = kept @ W + c``,
+    read from the analysis code's own contrast functions (``contrast_draws``) at the origin and
+    the unit vectors, so a device can compute them from kept draws without PyMC or the analysis
+    code. Every registered contrast is a difference of cell means, linear in the fixed effects;
+    the map is checked against ``contrast_draws`` on random kept vectors and a contrast that is
+    not affine raises (it would need its draws carried back instead)."""
+    n = int(sum(prog.kept_sizes))
+    basis = np.vstack([np.zeros(n), np.eye(n)])
+    probe = contrast_draws(prog, basis[None, None])
+    names = list(probe)
+    H = np.stack([probe[c][0, 0] for c in names], axis=1)
+    c, W = H[0], H[1:] - H[0]
+    test = np.random.default_rng(seed).normal(size=(7, n))
+    got = contrast_draws(prog, test[None, None])
+    err = max(float(np.max(np.abs(test @ W[:, j] + c[j] - got[name][0, 0]))) for j, name in enumerate(names))
+    if not err <= atol:
+        raise ValueError(f"block {prog.block.block!r}: its contrasts {names} are not affine in the kept variables "
+                         f"{list(prog.kept)} (largest error {err:.3g} > {atol:g}); carry their draws, not a map")
+    return W, c, names
+
+
 @dataclass
 class Tuned:
     """A sampler tuned once for a design (``algorithm`` as in the settings) and its timings."""
