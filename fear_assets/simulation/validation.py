@@ -12,6 +12,8 @@ the number of comparisons m makes 3 a likely false alarm (m >= 4: z_crit = Phi^-
 4.05 at m = 192). A label may differ only where an HDI endpoint of either run lies within 2 MCSE
 of a decision boundary (0, +-ROPE); any other flip fails. SBC: ranks of each quantity's prior
 draw among its (thinned) posterior draws, uniform under a calibrated sampler (chi-square).
+``verdict`` joins the parts: a candidate passes only where every part ran and passed and every
+comparison rests on a reference that itself meets the convergence rule.
 """
 
 from __future__ import annotations
@@ -98,3 +100,27 @@ def sbc(truth: Mapping[str, np.ndarray], posterior: Mapping[str, np.ndarray], th
         out[name] = {"p": dg.uniformity_p(ranks, pooled.shape[1], bins), "ranks": ranks.tolist()}
     return {"per_quantity": {k: v["p"] for k, v in out.items()}, "min_p": float(min(v["p"] for v in out.values())),
             "prior_draws": int(len(next(iter(truth.values())))), "ranks": {k: v["ranks"] for k, v in out.items()}}
+
+
+def verdict(comparison_passed: bool, candidate_failing: int, reference_failing: int, sbc_passed: bool | None) -> dict:
+    """The validation's verdict from its parts: ``comparison_passed`` (MCSE units and labels,
+    ``compare_runs``), the candidate's datasets missing the convergence rule on any reported
+    contrast, the reference runs missing it (their divergences, ESS or R-hat), and the SBC
+    (None: not run). "failed" where a part that ran failed (the candidate's comparison, its
+    convergence, the SBC); else "incomplete" where a part is missing: no SBC, or a reference
+    that misses the rule (the comparison then rests on a biased or wide "truth", and agreeing
+    with it proves nothing; refit it longer or with a higher target acceptance); else
+    "passed". Returns ``status``, ``passed`` and the ``reasons`` (empty when passed)."""
+    failed, missing = [], []
+    if not comparison_passed:
+        failed.append("the comparison with the reference (MCSE units or labels) fails")
+    if candidate_failing:
+        failed.append(f"{candidate_failing} candidate dataset(s) miss the convergence rule")
+    if sbc_passed is False:
+        failed.append("SBC rejects uniformity")
+    if sbc_passed is None:
+        missing.append("SBC not run")
+    if reference_failing:
+        missing.append(f"{reference_failing} reference run(s) miss the convergence rule: their comparisons prove nothing")
+    status = "failed" if failed else "incomplete" if missing else "passed"
+    return {"status": status, "passed": status == "passed", "reasons": failed + missing}
