@@ -36,4 +36,14 @@ if [ "$ADAPTIVE_S" -gt 0 ]; then
     --chains 4 --target-accept 0.9 --datasets 64 256 --grad-batches 256 1024 --warmup 400 \
     --max-seconds $((ADAPTIVE_S - 30)) --json power_gpu_adaptive.json 2>&1 | tee "$OUT/power_gpu_adaptive.log"
 fi
+# Issue 28, every simulated model: each block's registered-size batch on the device with the
+# block-metric candidate, the registered remedy, and item 3(a)'s comparison with the nutpie
+# references the export holds (`benchmarks/power_gpu_blocks.py export` here first; carry
+# .gpu_power_blocks). Off unless BLOCKS_S is set, within the same device-time sum
+# (e.g. GPU_S=0 POWER_S=0 BLOCKS_S=480).
+BLOCKS_S="${BLOCKS_S:-0}"
+if [ "$BLOCKS_S" -gt 0 ]; then
+  timeout "$BLOCKS_S" python3 benchmarks/power_gpu_blocks.py run --platform "${PLATFORM:-cuda}" \
+    --max-seconds $((BLOCKS_S - 30)) 2>&1 | tee "$OUT/power_gpu_blocks.log"
+fi
 ls -la "$OUT"

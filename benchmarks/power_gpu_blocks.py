@@ -1,0 +1,337 @@
+"""Every simulated model of the power gate on an accelerator (issue 28, items 1, 3(a) and 5), for a
+machine WITHOUT PyMC: one export of every block's registered model here, one run on the device.
+
+    # here (PyMC, nutpie): every block's log density, K datasets, the nutpie references of V
+    nice -n 10 .venv/bin/python benchmarks/power_gpu_blocks.py export --frames 50 --depths 8 \\
+        --datasets 32 --validate-datasets 4 --validate-blocks primary
+    # on the device (numpy, scipy, jax, blackjax; the package's pure validation module)
+    python benchmarks/power_gpu_blocks.py run --platform cuda --max-seconds 300
+
+``export`` draws K datasets of the registered design (``simulate_blocks``: every block of a
+dataset from its own seed under the registered master seed; the pilot estimates of
+``power_gpu.py validate``), and per block (``blocks.REPORTED``) writes a folder under
+``.gpu_power_blocks/``: the block's registered model (``accelerated.block_program``, the frame form
+the registered rule picks for dataset 0; datasets of another form are left out and counted) as a
+``jax.export`` of its batched log density and gradient, checked against PyMC's compiled
+``logp``/``dlogp`` within 1e-8; the outcomes (float32, and float64 for the validation datasets);
+the kept coordinates (``accelerated.kept_indices``), the block metric's dense coordinates
+(``accelerated.dense_block_indices``) and the reported contrasts as an affine map of the kept
+vector (``accelerated.affine_contrasts``, checked against the analysis functions). For the first
+V datasets of each block in ``--validate-blocks`` it runs the registered sampler's long reference
+(nutpie, 4 x (1,000 + R), ``power_gpu.reference_run``) and stores its contrast draws and
+divergences.
+
+``run`` fits every block's K datasets x chains in one program per block with the candidate
+sampler (``vectorised.BatchedAdaptiveHMC``, every dataset's own warm-up; ``--algorithm
+adaptive_hmc_dense``: the block mass matrix), runs the registered convergence remedy (up to the
+registered number of extensions while a dataset misses the rule), and reports per block: compile
+and run seconds, seconds and gradients per dataset, datasets per hour, divergences, the datasets
+missing the convergence rule on any reported contrast (counted, never dropped: D7), and, where
+the export holds references, item 3(a)'s comparison (``validation.compare_runs``: MCSE units,
+labels) with the reference's own convergence beside it. Every block's seconds per dataset summed
+give the simulation's seconds per dataset (every model the reading needs). The JSON
+(``$OUT/power_gpu_blocks.json``, else ``benchmarks/results/``) is rewritten after every block, so
+a killed run keeps what it measured; a block whose projected time would pass ``--max-seconds``
+is skipped and named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import power_gpu as pg  # noqa: E402  (numpy and the standard library only at import)
+
+ART = ROOT / ".gpu_power_blocks"
+#: What the device may not import (it has none of them): the check of the device run.
+HEAVY = ("pymc", "pytensor", "arviz", "dagster", "duckdb", "pandas", "xarray", "nutpie")
+
+
+# -- export (needs PyMC and nutpie) -------------------------------------------------------------
+def export(args) -> int:
+    sys.path.insert(0, str(ROOT))
+    from fear_assets.core.settings import load_settings
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation.blocks import REPORTED, outcome, simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+    from fear_assets.simulation.vectorised import check_export, export_logdensity
+
+    t0 = time.perf_counter()
+    settings = load_settings()
+    rules, priors, h5p = Rules.from_settings(settings), Priors.from_settings(settings), H5Priors.from_settings(settings)
+    rule, seed = settings.fitting.frame_parametrisation, settings.master_seed
+    blocks = tuple(args.blocks or REPORTED)
+    unknown = [b for b in (*blocks, *args.validate_blocks) if b not in REPORTED]
+    if unknown:
+        raise SystemExit(f"--blocks/--validate-blocks: unknown block(s) {unknown}; use those of {list(REPORTED)}")
+    keys = [f"d{i}" for i in range(1, args.depths + 1)]
+    design = simulated_design(settings, keys, keys[-2:] if args.depths >= 2 else keys, args.frames, (0.2, 0.2), seed=1)
+    est = pg._validation_estimates()
+    # every block the reading needs (the joint fits draw the primary block's cells with it)
+    drawn = tuple(dict.fromkeys(("primary", *blocks)))
+    sims = [simulate_blocks(design, est, rules, "device", args.scenario, i, seed, drawn, priors.fixed_sd)
+            for i in range(args.datasets)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ref_fitter = Fitter(priors, args.reference_draws, 1000, 4, rule=rule)
+    conv = settings.convergence
+    summary = {}
+    for block in blocks:
+        t = time.perf_counter()
+        forms = [acc.frame_form(x[block], rule) for x in sims]
+        idx = [k for k in range(len(sims)) if forms[k] == forms[0]]
+        prog = acc.block_program(sims[idx[0]][block], priors, h5p, rule=rule)
+        jm = prog.jm
+        Y = np.stack([outcome(sims[k][block]) for k in idx])
+        blob = export_logdensity(jm.logdensity, jm.dim, Y.shape[1], platforms=("cpu", "cuda"))
+        points = jm.x0 + np.random.default_rng(seed).normal(0.0, 0.3, (args.check_points, jm.dim))
+        check = check_export(prog.model, jm, blob, Y[0], points)
+        if max(check["logp_rel"], check["dlogp_rel"]) > 1e-8:
+            raise RuntimeError(f"block {block}: exported log density differs from PyMC's: {check}")
+        keep_idx = acc.kept_indices(prog)
+        W, c, contrasts = acc.affine_contrasts(prog)
+        V = min(args.validate_datasets, len(idx)) if block in args.validate_blocks else 0
+        ref = {name: [] for name in contrasts}
+        ref_div = []
+        for j in range(V):
+            b = sims[idx[j]][block]
+            draws, divergent = pg.reference_run(b, ref_fitter, priors, h5p, args.reference_draws, seed + 7 + idx[j])
+            for name in contrasts:
+                ref[name].append(draws[name])
+            ref_div.append(divergent)
+            print(f"[{time.perf_counter() - t0:.0f} s] {block}: reference {j + 1} of {V}", flush=True)
+        d = out / block
+        d.mkdir(exist_ok=True)
+        # gzip: the design's constants (indices, covariates) in the module compress ~9x
+        (d / pg.EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
+        arrays = {"x0": jm.x0, "keep_idx": keep_idx, "dense_idx": acc.dense_block_indices(jm.names, jm.sizes),
+                  "Y": Y.astype(np.float32), "Y_validate": Y[:V].astype(np.float64), "contrast_W": W,
+                  "contrast_c": c, "reference_divergences": np.asarray(ref_div, dtype=np.int64)}
+        for name in contrasts:
+            arrays[f"reference_{name}"] = np.asarray(ref[name], dtype=np.float64).reshape(V, 4, args.reference_draws)
+        np.savez_compressed(d / "arrays.npz", **arrays)
+        b0 = sims[idx[0]][block]
+        manifest = {"block": block, "kind": b0.kind, "frame_form": forms[0], "rows": int(Y.shape[1]), "dim": jm.dim,
+                    "names": list(jm.names), "sizes": list(map(int, jm.sizes)), "kept": list(prog.kept),
+                    "datasets": idx, "datasets_of_another_form": len(sims) - len(idx), "contrasts": contrasts,
+                    "ropes": {name: float(rules.sesoi) if b0.rope is None else float(b0.rope) for name in contrasts},
+                    "validate_datasets": V,
+                    "reference": {"sampler": "nutpie, the registered model (Fitter, the registered frame rule)",
+                                  "chains": 4, "tune": 1000, "draws": args.reference_draws} if V else None,
+                    "check_vs_pymc": {"points": args.check_points, "max_diff": check},
+                    "export_sha256": hashlib.sha256(blob).hexdigest(), "export_s": time.perf_counter() - t}
+        (d / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        summary[block] = {k: manifest[k] for k in ("kind", "frame_form", "rows", "dim", "validate_datasets", "export_s")}
+        print(f"[{time.perf_counter() - t0:.0f} s] {block}: {json.dumps(summary[block])}", flush=True)
+    s = settings.simulation_sampler
+    top = {"what": "every simulated block's registered model exported for the device; benchmarks/power_gpu_blocks.py",
+           "frames": args.frames, "depths": args.depths, "rows_primary": design.rows, "datasets": args.datasets,
+           "scenario": args.scenario, "blocks": list(blocks), "master_seed": seed, "settings_sha256": settings.sha256,
+           "dataset_seeds": "blocks.dataset_seed(master_seed, 'device', scenario, frames, i, block), i = 0..K-1",
+           "simulation_sampler": dict(vars(s)), "extension_draws": s.extension_draws,
+           "max_extensions": settings.fitting.convergence_remedy.max_extensions,
+           "convergence": {"rhat_max": conv.rhat_max, "ess_bulk_min": conv.ess_bulk_min,
+                           "ess_tail_min": conv.ess_tail_min, "divergences_max": conv.divergences_max},
+           "hdi_prob": settings.decision.hdi_prob, "platforms": ["cpu", "cuda"],
+           "jax_export_version": __import__("jax").__version__, "per_block": summary}
+    (out / "manifest.json").write_text(json.dumps(top, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"exported blocks={len(blocks)} frames={args.frames} depths={args.depths} datasets={args.datasets} "
+          f"bytes={size} total_s={time.perf_counter() - t0:.0f} out={out}")
+    return 0
+
+
+# -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
+def run(args) -> int:
+    if args.platform:
+        os.environ["JAX_PLATFORMS"] = args.platform
+    t_start = time.perf_counter()
+    deadline = t_start + args.max_seconds
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    devices = jax.devices()
+    sys.path.insert(0, str(ROOT))
+    # the package's pure validation rules (numpy and scipy): the same comparison `validate` makes
+    from fear_assets.simulation import diagnostics as dg
+    from fear_assets.simulation import validation
+
+    vec = pg._load("vectorised")
+    art = Path(args.artefacts)
+    if not (art / "manifest.json").is_file():
+        raise SystemExit(f"{art}/manifest.json missing: write the folder with `benchmarks/power_gpu_blocks.py export` "
+                         f"where PyMC is installed and carry it (--artefacts names another one)")
+    top = json.loads((art / "manifest.json").read_text())
+    rule = argparse.Namespace(**top["convergence"])
+    s = top["simulation_sampler"]
+    chains = args.chains or s["chains"]
+    warmup = args.warmup if args.warmup is not None else 400
+    draws = args.draws or s["draws"]
+    extensions = top["max_extensions"] if args.extensions is None else args.extensions
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / args.json
+    res = {"what": "issue 28: every simulated block fitted on the device, with item 3(a)'s comparison where the "
+                   "export holds references; benchmarks/power_gpu_blocks.py run",
+           "devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "jax": jax.__version__,
+           "blackjax": __import__("blackjax").__version__, "export": {k: v for k, v in top.items() if k != "per_block"},
+           "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
+                       "target_accept": args.target_accept, "extensions": extensions,
+                       "extension_draws": top["extension_draws"]},
+           "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
+
+    def save():
+        res["elapsed_s"] = time.perf_counter() - t_start
+        res["imported_heavy_modules"] = sorted(m for m in HEAVY if m in sys.modules)
+        path.write_text(json.dumps(res, indent=1, default=float) + "\n")
+
+    blocks = args.blocks or top["blocks"]
+    per_row_s = None  # seconds per (dataset x row) of the last block fitted: the next block's projection
+    for block in blocks:
+        d = art / block
+        m = json.loads((d / "manifest.json").read_text())
+        arr = np.load(d / "arrays.npz")
+        K = min(args.datasets or len(m["datasets"]), len(m["datasets"]))
+        V = min(m["validate_datasets"], K)
+        if per_row_s is not None:
+            est = per_row_s * K * m["rows"] * (warmup + draws * (1 + extensions)) / (warmup + draws)
+            if est > deadline - time.perf_counter():
+                res["skipped"].append(f"{block}: projected {est:.0f} s > {deadline - time.perf_counter():.0f} s left")
+                save()
+                continue
+        t = time.perf_counter()
+        ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
+        dense = arr["dense_idx"] if args.algorithm == "adaptive_hmc_dense" else None
+        sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
+                                         dense_idx=dense)
+        # every dataset adapts its own kernel from a seeded cold start about the model's initial point
+        jitter = np.random.default_rng(top["master_seed"]).uniform(-1.0, 1.0, (chains, m["dim"]))
+        start = vec.FrozenHMC(0.05, 1.0, np.ones(m["dim"]), arr["x0"] + 0.5 * jitter)
+        Y = arr["Y"][:K].astype(np.float64)
+        Y[:V] = arr["Y_validate"][:V]  # the validation datasets exactly as the references saw them
+        tm: dict = {}
+        fit = sampler.fit_kept(Y, start, top["master_seed"] + 1, warmup, draws, timings=tm)
+        W, c = arr["contrast_W"], arr["contrast_c"]
+
+        def contrast_draws(f):
+            h = f["kept"] @ W + c  # (K, chains, draws, contrasts)
+            return {name: h[..., j] for j, name in enumerate(m["contrasts"])}
+
+        rounds, ext_s = 0, 0.0
+        for r in range(extensions):
+            counts = validation.convergence_counts(contrast_draws(fit), rule, fit["divergences"])
+            if counts["datasets_failing_any"] == 0:
+                break
+            te: dict = {}
+            # the whole batch continues (one array); a production batch extends only its failing datasets
+            fit = sampler.extend(Y, fit, top["master_seed"] + 2 + r, top["extension_draws"], timings=te)
+            rounds, ext_s = rounds + 1, ext_s + te["compile_s"] + te["run_s"]
+        h = contrast_draws(fit)
+        counts = validation.convergence_counts(h, rule, fit["divergences"])
+        wall = time.perf_counter() - t
+        run_s = tm["run_s"] + ext_s
+        per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + draws + rounds * top["extension_draws"])
+        ad = fit["adapted"]
+        entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "chains": chains,
+                 "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds, "extension_s": ext_s,
+                 "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
+                 "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),
+                 "draws_per_chain": int(fit["kept"].shape[2]),
+                 "divergences_per_dataset": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
+                 "step_size": [float(v) for v in ad.step_size],
+                 "trajectory_length": [float(v) for v in ad.trajectory_length],
+                 "convergence": counts}
+        if V:
+            long = {name: arr[f"reference_{name}"][:V] for name in m["contrasts"]}
+            comp = validation.compare_runs({n: x[:V] for n, x in h.items()}, long, top["hdi_prob"], m["ropes"])
+            ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][:V])
+            # no SBC here (it is `power_gpu.py validate`'s): at best "incomplete"
+            verdict = validation.verdict(comp["passed"], int(sum(counts["failing"][:V])),
+                                         ref_conv["datasets_failing_any"], None)
+            entry["validation"] = {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V,
+                                   "reference": m["reference"], "reference_convergence": ref_conv,
+                                   "verdict": verdict, "rows": comp["rows"]}
+        res["blocks"][block] = entry
+        save()
+        brief = {k: entry[k] for k in ("compile_s", "run_s", "extensions", "s_per_dataset", "datasets_per_hour")}
+        print(f"[{time.perf_counter() - t_start:.0f} s] {block}: {json.dumps(brief, default=float)} failing "
+              f"{counts['datasets_failing_any']} of {K}" + (f"; vs reference: max |z| {comp['max_z']:.2f} (bound "
+                                                          f"{comp['z_bound']:.2f}), label flips {comp['label_flips']}, "
+                                                          f"{verdict['status']}"
+                                                          if V else ""), flush=True)
+    done = res["blocks"]
+    if done:
+        total = sum(v["s_per_dataset"] for v in done.values())
+        res["all_blocks"] = {"blocks": list(done), "s_per_dataset": total, "datasets_per_hour": 3600.0 / total,
+                             "complete": len(done) == len(top["blocks"]),
+                             "primary_fit_equivalents": (total / done["primary"]["s_per_dataset"]
+                                                         if "primary" in done else None)}
+        compared = [v["validation"] for v in done.values() if "validation" in v]
+        res["validation"] = {"blocks": [b for b, v in done.items() if "validation" in v],
+                             "label_flips": sum(v["label_flips"] for v in compared),
+                             "label_flips_not_near_boundary": sum(v["label_flips_not_near_boundary"] for v in compared),
+                             "max_endpoint_z": max((v["max_endpoint_z"] for v in compared), default=float("nan")),
+                             "comparison_passed": bool(compared) and all(v["passed"] for v in compared),
+                             "status": next((st for st in ("failed", "incomplete", "passed")
+                                             if any(v["verdict"]["status"] == st for v in compared)), "not run"),
+                             "reasons": sorted({r for v in compared for r in v["verdict"]["reasons"]})}
+    res["load_after"] = os.getloadavg()
+    save()
+    a, v = res.get("all_blocks"), res.get("validation")
+    fails = sum(x["convergence"]["datasets_failing_any"] for x in done.values())
+    print(f"power_gpu_blocks: device={res['devices'][0]} blocks={len(done)} of {len(blocks)} "
+          + (f"s_per_dataset_all={a['s_per_dataset']:.3f} datasets_per_hour_all={a['datasets_per_hour']:.1f} "
+             f"failing_datasets={fails} label_flips={v['label_flips']} max_endpoint_z={v['max_endpoint_z']:.2f} "
+             f"validation={v['status']} "
+             if a else "no block fitted (see skipped) ")
+          + f"imported_heavy={res['imported_heavy_modules']} json={path}")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="every block's log density, datasets and references (needs PyMC and nutpie)")
+    e.add_argument("--frames", type=int, default=50)
+    e.add_argument("--depths", type=int, default=8)
+    e.add_argument("--datasets", type=int, default=32, help="datasets per block (K)")
+    e.add_argument("--blocks", nargs="*", help="default: every reported block (blocks.REPORTED)")
+    e.add_argument("--scenario", default="meaningful")
+    e.add_argument("--validate-blocks", nargs="*", default=["primary"],
+                   help="blocks whose first datasets get a long nutpie reference (item 3(a) on the device)")
+    e.add_argument("--validate-datasets", type=int, default=4)
+    e.add_argument("--reference-draws", type=int, default=1000, help="draws per chain of the reference (4 chains)")
+    e.add_argument("--check-points", type=int, default=2)
+    e.add_argument("--out", default=str(ART))
+    r = sub.add_parser("run", help="fit every exported block on this machine's accelerator (no PyMC)")
+    r.add_argument("--artefacts", default=str(ART))
+    r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
+    r.add_argument("--blocks", nargs="*", help="default: every exported block")
+    r.add_argument("--datasets", type=int, help="datasets per block (default: every exported one)")
+    r.add_argument("--algorithm", choices=["adaptive_hmc", "adaptive_hmc_dense"], default="adaptive_hmc_dense")
+    r.add_argument("--chains", type=int, help="default: the simulation_sampler section's")
+    r.add_argument("--warmup", type=int, help="per dataset (default 400, as validated on CPU)")
+    r.add_argument("--draws", type=int, help="default: the simulation_sampler section's")
+    r.add_argument("--target-accept", type=float, default=0.9)
+    r.add_argument("--extensions", type=int, help="default: the registered remedy's max_extensions")
+    r.add_argument("--max-seconds", type=float, default=300.0)
+    r.add_argument("--json", default="power_gpu_blocks.json", help="result file name under $OUT (or benchmarks/results)")
+    args = p.parse_args()
+    return export(args) if args.cmd == "export" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

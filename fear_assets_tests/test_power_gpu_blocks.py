@@ -1,0 +1,64 @@
+"""The device run of every simulated block (issue 28, item 5; benchmarks/power_gpu_blocks.py) on
+CPU at a small size: the export here (PyMC, nutpie references) and the run from another folder
+without PyMC, ArviZ, pandas or the analysis code, reporting every block's speed, convergence and,
+where the export holds references, item 3(a)'s comparison and verdict.
+
+Slow (about 10 PyTensor-to-JAX exports, nutpie references and JAX compilations): run it with
+-m slow before a device session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fear_assets.core.settings import PROJECT_ROOT
+
+SCRIPT = PROJECT_ROOT / "benchmarks" / "power_gpu_blocks.py"
+
+
+@pytest.mark.slow
+def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdict(tmp_path, settings):
+    art = tmp_path / "blocks"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    export = subprocess.run([sys.executable, str(SCRIPT), "export", "--frames", "5", "--depths", "1", "--datasets", "2",
+                             "--blocks", "primary", "forced_choice", "--validate-blocks", "primary",
+                             "--validate-datasets", "1", "--reference-draws", "200", "--out", str(art)],
+                            env=env, capture_output=True, text=True, timeout=1200)
+    assert export.returncode == 0, export.stderr[-3000:]
+    top = json.loads((art / "manifest.json").read_text())
+    assert top["blocks"] == ["primary", "forced_choice"] and top["settings_sha256"] == settings.sha256
+    for block in top["blocks"]:
+        m = json.loads((art / block / "manifest.json").read_text())
+        assert max(m["check_vs_pymc"]["max_diff"]["logp_rel"], m["check_vs_pymc"]["max_diff"]["dlogp_rel"]) < 1e-8
+    assert json.loads((art / "primary" / "manifest.json").read_text())["contrasts"] == ["H1", "H2", "H3"]
+
+    out = tmp_path / "out"
+    device_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    device_env.update(OUT=str(out), OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                          "--warmup", "30", "--draws", "30", "--extensions", "0", "--max-seconds", "600"],
+                         cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads((out / "power_gpu_blocks.json").read_text())
+    assert res["imported_heavy_modules"] == []
+    assert set(res["blocks"]) == {"primary", "forced_choice"} and not res["skipped"]
+    for block, entry in res["blocks"].items():
+        assert entry["datasets"] == 2 and entry["draws_per_chain"] == 30
+        assert entry["gradients_per_dataset"] >= entry["chains"] * 60  # (30 + 30) transitions, >= 1 step each
+        assert len(entry["divergences_per_dataset"]) == 2
+    total = res["all_blocks"]["s_per_dataset"]
+    assert total == pytest.approx(sum(e["s_per_dataset"] for e in res["blocks"].values()))
+    assert res["all_blocks"]["complete"] and res["all_blocks"]["primary_fit_equivalents"] > 1
+    # item 3(a) on the device: the primary block's validation dataset against its nutpie reference
+    v = res["blocks"]["primary"]["validation"]
+    assert v["datasets"] == 1 and v["comparisons"] == 3 * 4 and "validation" not in res["blocks"]["forced_choice"]
+    # the verdict follows from its parts; with no SBC it is never "passed"
+    failing = res["blocks"]["primary"]["convergence"]["failing"][0]
+    expected = "failed" if not v["passed"] or failing else "incomplete"
+    assert v["verdict"]["status"] == expected == res["validation"]["status"]
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("power_gpu_blocks: device=cpu") and f"validation={expected}" in last
