@@ -157,17 +157,23 @@ def hdi_differences(short: np.ndarray, long: np.ndarray, contrasts: list, prob: 
     return {"per_contrast": per, "max_abs_endpoint_diff": max(v["max_abs_endpoint_diff"] for v in per.values())}
 
 
-def run(args) -> int:
-    if args.platform:
-        os.environ["JAX_PLATFORMS"] = args.platform
-    t_start = time.perf_counter()
-    deadline = t_start + args.max_seconds
+def jax_on(platform: str | None):
+    """JAX in float64 on ``platform`` (JAX_PLATFORMS: cuda, cpu; None: JAX's choice): the module,
+    its devices and the seconds their backend took to start."""
+    if platform:
+        os.environ["JAX_PLATFORMS"] = platform
     import jax
 
     jax.config.update("jax_enable_x64", True)
     t = time.perf_counter()
     devices = jax.devices()
-    backend_init_s = time.perf_counter() - t
+    return jax, devices, time.perf_counter() - t
+
+
+def run(args) -> int:
+    t_start = time.perf_counter()
+    deadline = t_start + args.max_seconds
+    jax, devices, backend_init_s = jax_on(args.platform)
     import jax.numpy as jnp
 
     vec, diag = _load("vectorised"), _load("diagnostics")
@@ -275,8 +281,7 @@ def run(args) -> int:
                                     if n not in ("z_unit", "z_document")])
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense)
-        start = np.random.default_rng(manifest["master_seed"]).uniform(-1.0, 1.0, (chains, dim))
-        ref = vec.FrozenHMC(0.05, 1.0, np.ones(dim), arr["x0"] + 0.5 * start)
+        ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
 

@@ -156,17 +156,11 @@ def export(args) -> int:
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
 def run(args) -> int:
-    if args.platform:
-        os.environ["JAX_PLATFORMS"] = args.platform
     t_start = time.perf_counter()
     deadline = t_start + args.max_seconds
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    devices = jax.devices()
+    jax, devices, backend_init_s = pg.jax_on(args.platform)
     sys.path.insert(0, str(ROOT))
     # the package's pure validation rules (numpy and scipy): the same comparison `validate` makes
-    from fear_assets.simulation import diagnostics as dg
     from fear_assets.simulation import validation
 
     vec = pg._load("vectorised")
@@ -187,6 +181,7 @@ def run(args) -> int:
     res = {"what": "issue 28: every simulated block fitted on the device, with item 3(a)'s comparison where the "
                    "export holds references; benchmarks/power_gpu_blocks.py run",
            "devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "jax": jax.__version__,
+           "backend_init_s": backend_init_s,
            "blackjax": __import__("blackjax").__version__, "export": {k: v for k, v in top.items() if k != "per_block"},
            "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
                        "target_accept": args.target_accept, "extensions": extensions,
@@ -218,8 +213,7 @@ def run(args) -> int:
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense)
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
-        jitter = np.random.default_rng(top["master_seed"]).uniform(-1.0, 1.0, (chains, m["dim"]))
-        start = vec.FrozenHMC(0.05, 1.0, np.ones(m["dim"]), arr["x0"] + 0.5 * jitter)
+        start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][:K].astype(np.float64)
         Y[:V] = arr["Y_validate"][:V]  # the validation datasets exactly as the references saw them
         tm: dict = {}

@@ -186,9 +186,7 @@ def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, k
         sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
                                      target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT),
                                      dense_idx=dense)
-        rng = np.random.default_rng(seed)
-        params = FrozenHMC(0.05, 1.0, np.ones(prog.jm.dim),
-                           prog.jm.x0 + 0.5 * rng.uniform(-1.0, 1.0, (s.chains, prog.jm.dim)))
+        params = FrozenHMC.cold_start(prog.jm.x0, s.chains, seed)
     elif s.algorithm == "chees_hmc":
         sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)
         params = sampler.tune(Y_pilot[:s.pilot_datasets], seed, s.pilot_steps, s.chains, timings=timings)

@@ -424,6 +424,14 @@ class FrozenHMC:
     def mean_steps(self) -> float:
         return 0.5 * self.trajectory_length / self.step_size
 
+    @classmethod
+    def cold_start(cls, x0: np.ndarray, chains: int, seed: int) -> "FrozenHMC":
+        """Where a per-dataset warm-up (``BatchedAdaptiveHMC``) starts: ``chains`` points jittered
+        uniformly within +-0.5 of the model's initial point ``x0`` (seeded), a small step, a
+        unit trajectory and an identity metric; the warm-up adapts all of them."""
+        jitter = np.random.default_rng(seed).uniform(-1.0, 1.0, (chains, len(x0)))
+        return cls(0.05, 1.0, np.ones(len(x0)), np.asarray(x0, dtype=float) + 0.5 * jitter)
+
 
 class BatchedChEES:
     """Jittered fixed-length HMC over many datasets' chains in one JAX program, from any log
