@@ -281,7 +281,8 @@ def run(args) -> int:
                              "comparison_passed": bool(compared) and all(v["passed"] for v in compared),
                              "status": next((st for st in ("failed", "incomplete", "passed")
                                              if any(v["verdict"]["status"] == st for v in compared)), "not run"),
-                             "reasons": sorted({r for v in compared for r in v["verdict"]["reasons"]})}
+                             "reasons": [f"{b}: {r}" for b, v in done.items() if "validation" in v
+                                         for r in v["validation"]["verdict"]["reasons"]]}
     res["load_after"] = os.getloadavg()
     save()
     a, v = res.get("all_blocks"), res.get("validation")
