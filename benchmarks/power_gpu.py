@@ -448,6 +448,21 @@ def reference_run(b, fitter, priors, h5_priors, draws: int, seed: int,
     return contrasts, int(np.asarray(idata.sample_stats["diverging"]).sum())
 
 
+def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rule) -> tuple[dict, int, list[dict]]:
+    """``reference_run`` at nutpie's default target acceptance, and again at each further one of
+    ``REFERENCE_TARGET_ACCEPT`` while the run misses the convergence rule ``rule`` (smaller
+    steps, the usual cure for divergences). The last run is kept either way; ``attempts``
+    records each run's target acceptance and convergence beside the comparison."""
+    attempts = []
+    for target in REFERENCE_TARGET_ACCEPT:
+        contrasts, divergent = reference_run(b, fitter, priors, h5_priors, draws, seed, target)
+        conv = _per_dataset_convergence({c: [x] for c, x in contrasts.items()}, [divergent], rule)[0]
+        attempts.append({"target_accept": target, **conv})
+        if not conv["failing"]:
+            break
+    return contrasts, divergent, attempts
+
+
 def validate(args) -> int:
     """(a) the accelerator path's contrasts against a long nutpie run of the same datasets (MCSE
     units, labels), with ESS/R-hat on every contrast; (b) SBC on a reduced design; (c) speed
@@ -561,16 +576,8 @@ def validate(args) -> int:
         ref_attempts = []
         for k in range(K):
             b = sims[k][block]
-            tried = []
-            # a reference that misses the convergence rule is run again with smaller steps; the
-            # last run is kept either way and its convergence recorded beside the comparison
-            for target in REFERENCE_TARGET_ACCEPT:
-                contrasts, divergent = reference_run(b, ref, priors, h5p, long_draws, seed + 7 + k, target)
-                c_k = _per_dataset_convergence({c: [x] for c, x in contrasts.items()}, [divergent],
-                                               settings.convergence)[0]
-                tried.append({"target_accept": target, **c_k})
-                if not c_k["failing"]:
-                    break
+            contrasts, divergent, tried = converged_reference(b, ref, priors, h5p, long_draws, seed + 7 + k,
+                                                              settings.convergence)
             ref_attempts.append(tried)
             for c, x in contrasts.items():
                 long.setdefault(c, []).append(x)

@@ -18,8 +18,9 @@ the kept coordinates (``accelerated.kept_indices``), the block metric's dense co
 (``accelerated.dense_block_indices``) and the reported contrasts as an affine map of the kept
 vector (``accelerated.affine_contrasts``, checked against the analysis functions). For the first
 V datasets of each block in ``--validate-blocks`` it runs the registered sampler's long reference
-(nutpie, 4 x (1,000 + R), ``power_gpu.reference_run``) and stores its contrast draws and
-divergences.
+(nutpie, 4 x (1,000 + R), run again at a higher target acceptance while it misses the
+convergence rule: ``power_gpu.converged_reference``) and stores its contrast draws, divergences
+and attempts.
 
 ``run`` fits every block's K datasets x chains in one program per block with the candidate
 sampler (``vectorised.BatchedAdaptiveHMC``, every dataset's own warm-up; ``--algorithm
@@ -105,13 +106,15 @@ def export(args) -> int:
         W, c, contrasts = acc.affine_contrasts(prog)
         V = min(args.validate_datasets, len(idx)) if block in args.validate_blocks else 0
         ref = {name: [] for name in contrasts}
-        ref_div = []
+        ref_div, ref_attempts = [], []
         for j in range(V):
             b = sims[idx[j]][block]
-            draws, divergent = pg.reference_run(b, ref_fitter, priors, h5p, args.reference_draws, seed + 7 + idx[j])
+            draws, divergent, tried = pg.converged_reference(b, ref_fitter, priors, h5p, args.reference_draws,
+                                                             seed + 7 + idx[j], conv)
             for name in contrasts:
                 ref[name].append(draws[name])
             ref_div.append(divergent)
+            ref_attempts.append(tried)
             print(f"[{time.perf_counter() - t0:.0f} s] {block}: reference {j + 1} of {V}", flush=True)
         d = out / block
         d.mkdir(exist_ok=True)
@@ -130,7 +133,8 @@ def export(args) -> int:
                     "ropes": {name: float(rules.sesoi) if b0.rope is None else float(b0.rope) for name in contrasts},
                     "validate_datasets": V,
                     "reference": {"sampler": "nutpie, the registered model (Fitter, the registered frame rule)",
-                                  "chains": 4, "tune": 1000, "draws": args.reference_draws} if V else None,
+                                  "chains": 4, "tune": 1000, "draws": args.reference_draws,
+                                  "attempts": ref_attempts} if V else None,
                     "check_vs_pymc": {"points": args.check_points, "max_diff": check},
                     "export_sha256": hashlib.sha256(blob).hexdigest(), "export_s": time.perf_counter() - t}
         (d / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
