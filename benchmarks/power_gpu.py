@@ -86,6 +86,7 @@ def export(args) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from fear_assets.models.primary_model import Priors, build_model
     from fear_assets.core.settings import load_settings
+    from fear_assets.simulation.accelerated import dense_block_indices
     from fear_assets.simulation.vectorised import VectorisedNUTS, check_export, export_logdensity
     from power import datasets  # benchmarks/power.py's generator
 
@@ -110,7 +111,8 @@ def export(args) -> int:
     # gzip: the design's constants (indices, covariates) in the module compress ~9x
     (out / EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
     np.savez(out / "arrays.npz", x0=v.x0, keep_idx=v.keep_idx, y_ref=np.asarray(warm.y, dtype=np.float64),
-             Y=np.stack([d.y for d in data]).astype(np.float32), contrast_W=W, contrast_c=c)
+             Y=np.stack([d.y for d in data]).astype(np.float32), contrast_W=W, contrast_c=c,
+             dense_idx=dense_block_indices(v.names, v.sizes))
     sampler, conv = settings.sampler, settings.convergence
     manifest = {
         "what": "registered primary model log density (build_model) exported with jax.export; benchmarks/power_gpu.py",
@@ -273,12 +275,13 @@ def run(args) -> int:
             **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
     elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense"):
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
-        # _dense: its mass matrix dense on every value variable of the export but the unit intercepts
+        # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = None
         if args.algorithm == "adaptive_hmc_dense":
-            off = np.cumsum([0, *manifest["sizes"]])
-            dense = np.concatenate([np.arange(off[i], off[i + 1]) for i, n in enumerate(manifest["names"])
-                                    if n not in ("z_unit", "z_document")])
+            if "dense_idx" not in arr.files:
+                raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx (an export older than the block metric); "
+                                 f"export again with `benchmarks/power_gpu.py export`")
+            dense = arr["dense_idx"]
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense)
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
@@ -296,7 +299,8 @@ def run(args) -> int:
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
                           "algorithm": args.algorithm,
                           "trajectory_length": getattr(ref, "trajectory_length", None),
-                          "dense": args.dense or args.algorithm == "adaptive_hmc_dense"}
+                          "dense": args.dense or args.algorithm == "adaptive_hmc_dense",
+                          "dense_block_size": None if args.algorithm != "adaptive_hmc_dense" else int(len(dense))}
     save("c_reference")
 
     # (d) many datasets at once
@@ -643,7 +647,11 @@ def validate(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=float) + "\n")  # kept if the SBC is stopped
-    res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed) if sbc_n else None
+
+    def sbc_so_far(partial):  # the ranks of a long SBC, written after every batch
+        out.write_text(json.dumps({**res, "sbc": partial}, indent=1, default=float) + "\n")
+
+    res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed, partial=sbc_so_far) if sbc_n else None
     if res["sbc"]:
         print(f"[{time.perf_counter() - t_start:.0f} s] sbc: {json.dumps(res['sbc']['per_quantity'])}", flush=True)
     res["load_after"] = os.getloadavg()
@@ -690,13 +698,15 @@ def _brief_conv(c: dict) -> str:
             f"rhat {c['rhat_max']:.3f}{' FAILS' if c['failing'] else ''}")
 
 
-def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8) -> dict:
+def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8, partial=None) -> dict:
     """SBC of the primary model on a reduced design (5 frames, one depth): ``n`` prior draws
     (PyMC's prior predictive of the registered model), each fitted by the accelerator path in
     batches of ``batch`` datasets (a batch's transition lasts as long as its longest
     trajectory, and prior draws differ far more than one design's datasets do); ranks of
     H1-H3, sigma, nu and the six frame SDs; a chi-square uniformity test each, passed where the
-    smallest p is above 0.01 / the number of quantities."""
+    smallest p is above 0.01 / the number of quantities. ``partial``: called after every batch
+    with the result on the draws fitted so far (``complete`` False), so a long SBC stopped
+    early still leaves its ranks."""
     import pymc as pm
 
     from fear_assets.simulation import accelerated as acc
@@ -716,30 +726,41 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8)
     names = acc.CONTRAST_VARIABLES["primary"] + extra
     truth_kept = np.concatenate([prior.prior[v].values.reshape(n, -1) for v in names], axis=1)
     truth = {c: v.reshape(n) for c, v in acc.contrast_draws(prog, truth_kept[:, None, None, :]).items()}
-    tuned = acc.tune(prog, Y, sampler, seed + 3)
-    fits = []
-    for i, lo in enumerate(range(0, n, batch)):
-        fits.append(acc.fit_batch(tuned, Y[lo:lo + batch], seed + 4 + i, warmup, draws))
-        print(f"[sbc] {min(lo + batch, n)} of {n} prior draws fitted "
-              f"({sum(f['timings']['run_s'] for f in fits):.0f} s run)", flush=True)
-    fit = {"kept": np.concatenate([f["kept"] for f in fits]),
-           "divergences": np.concatenate([np.asarray(f["divergences"]) for f in fits]),
-           "timings": {k: sum(f["timings"].get(k, 0.0) for f in fits) for k in ("compile_s", "run_s")}}
-    post = acc.contrast_draws(prog, fit["kept"])
-    by_name = acc.kept_by_name(prog, fit["kept"])
-    post.update({"sigma": by_name["sigma"], "nu": by_name["nu"]})
     truth.update({"sigma": prior.prior["sigma"].values.reshape(n), "nu": prior.prior["nu"].values.reshape(n)})
     sds = prior.prior["frame_chol_stds"].values.reshape(n, -1)
-    for j in range(sds.shape[1]):
-        truth[f"frame_sd[{j}]"] = sds[:, j]
-        post[f"frame_sd[{j}]"] = by_name["frame_chol_stds"][..., j]
-    out = validation.sbc(truth, post)
-    out["passed"] = bool(out["min_p"] > 0.01 / len(truth))
-    div = np.asarray(fit["divergences"]).reshape(n, -1).sum(axis=1)
-    out.update({"seconds": time.perf_counter() - t, "divergences": int(div.sum()),
-                "prior_draws_with_divergences": int((div > 0).sum()), "rows": design.rows, "batch": batch,
-                "fit": fit["timings"]})
-    return out
+    truth.update({f"frame_sd[{j}]": sds[:, j] for j in range(sds.shape[1])})
+    tuned = acc.tune(prog, Y, sampler, seed + 3)
+
+    def quantities(kept):  # each ranked quantity's posterior draws, (datasets, chains, draws)
+        post = acc.contrast_draws(prog, kept)
+        by_name = acc.kept_by_name(prog, kept)
+        post.update({"sigma": by_name["sigma"], "nu": by_name["nu"]})
+        post.update({f"frame_sd[{j}]": by_name["frame_chol_stds"][..., j] for j in range(sds.shape[1])})
+        return post
+
+    parts, div, timings = [], [], {"compile_s": 0.0, "run_s": 0.0}
+
+    def result(m):
+        out = validation.sbc({k: v[:m] for k, v in truth.items()},
+                             {k: np.concatenate([p[k] for p in parts]) for k in truth})
+        d = np.concatenate(div)
+        out.update({"passed": bool(out["min_p"] > 0.01 / len(truth)), "complete": m == n, "prior_draws_planned": n,
+                    "seconds": time.perf_counter() - t, "divergences": int(d.sum()),
+                    "prior_draws_with_divergences": int((d > 0).sum()), "rows": design.rows, "batch": batch,
+                    "fit": dict(timings)})
+        return out
+
+    for i, lo in enumerate(range(0, n, batch)):
+        f = acc.fit_batch(tuned, Y[lo:lo + batch], seed + 4 + i, warmup, draws)
+        parts.append(quantities(f["kept"]))
+        div.append(np.asarray(f["divergences"]).reshape(len(f["kept"]), -1).sum(axis=1))
+        for k in timings:
+            timings[k] += f["timings"].get(k, 0.0)
+        m = min(lo + batch, n)
+        print(f"[sbc] {m} of {n} prior draws fitted ({timings['run_s']:.0f} s run)", flush=True)
+        if partial is not None and m < n:
+            partial(result(m))
+    return result(n)
 
 
 def main() -> int:

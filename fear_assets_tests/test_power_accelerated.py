@@ -244,3 +244,31 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
     expected = "failed" if not (compared and converged) else "incomplete"
     assert res["verdict"]["status"] == expected and res["passed"] is False
     assert f"validation {expected} " in proc.stdout and "passed=False" in proc.stdout
+
+
+# Slow (JAX compilations of the SBC's model): run with -m slow before a long SBC.
+@pytest.mark.slow
+def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch):
+    """An SBC of hundreds of prior draws runs for hours on a CPU: after every batch it hands
+    over the ranks of the draws fitted so far (not complete), and those are the first ranks of
+    the finished SBC."""
+    import argparse
+    import importlib.util
+
+    from fear_assets.core.settings import PROJECT_ROOT
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Priors
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "benchmarks"))  # power_gpu reads benchmarks/power.py's estimates
+    spec = importlib.util.spec_from_file_location("bench_power_gpu_sbc", PROJECT_ROOT / "benchmarks" / "power_gpu.py")
+    power_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power_gpu)
+    sampler = argparse.Namespace(algorithm="adaptive_hmc", chains=2, target_accept=0.9)
+    partial = []
+    out = power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 30,
+                         settings.master_seed, batch=2, partial=partial.append)
+    assert len(partial) == 1 and partial[0]["complete"] is False and partial[0]["prior_draws"] == 2
+    assert out["complete"] is True and out["prior_draws"] == 4 and out["prior_draws_planned"] == 4
+    assert set(out["ranks"]) == set(partial[0]["ranks"]) and "frame_sd[0]" in out["ranks"]
+    for name, ranks in partial[0]["ranks"].items():
+        assert out["ranks"][name][:2] == ranks

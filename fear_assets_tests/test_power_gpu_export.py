@@ -122,10 +122,20 @@ def test_exported_log_density_gives_the_in_process_graphs_nuts_steps(power_gpu, 
     assert float(jnp.abs(pa - x).max()) > 1e-3  # the transition moved
 
 
+def test_the_export_names_the_block_metrics_dense_coordinates(small):
+    """The block metric (``adaptive_hmc_dense``) is dense on every coordinate but the unit
+    intercepts; the export writes those coordinates, so the device reads them, not the names."""
+    manifest = json.loads((small / "manifest.json").read_text())
+    offsets = dict(zip(manifest["names"], np.cumsum([0, *manifest["sizes"]])))
+    units = set(range(offsets["z_unit"], offsets["z_unit"] + manifest["sizes"][manifest["names"].index("z_unit")]))
+    dense = np.load(small / "arrays.npz")["dense_idx"]
+    assert units and set(dense.tolist()) == set(range(manifest["dim"])) - units
+
+
 # Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
 # -m slow before a device session; the export's log density and NUTS steps stay in the default run.
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc"])
+@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc", "adaptive_hmc_dense"])
 def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, algorithm):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
@@ -146,6 +156,9 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, alg
     assert res["c_reference"]["algorithm"] == algorithm
     assert 0 < fit["h2_min_ess_mean"] and fit["wall_s_per_dataset"] > 0
     assert proc.stdout.strip().splitlines()[-1].startswith("power_gpu: device=cpu")
+    # the block metric's dense coordinates come from the export (the device has no PyMC to read them)
+    dense = np.load(small / "arrays.npz")["dense_idx"]
+    assert res["c_reference"]["dense_block_size"] == (len(dense) if algorithm == "adaptive_hmc_dense" else None)
     if algorithm != "nuts":
         assert "e_reference_hdi" not in res
         return
