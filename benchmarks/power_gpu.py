@@ -186,6 +186,9 @@ def run(args) -> int:
                          f"installed and carry the folder (--artefacts names another one)")
     manifest = json.loads((art / "manifest.json").read_text())
     arr = np.load(art / "arrays.npz")
+    if args.algorithm == "adaptive_hmc_dense" and "dense_idx" not in arr.files:
+        raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx, which --algorithm adaptive_hmc_dense needs (an export "
+                         f"older than the block metric); export again with `benchmarks/power_gpu.py export`")
     Y_all = arr["Y"].astype(np.float64)
     y_ref, W, c = arr["y_ref"], arr["contrast_W"], arr["contrast_c"]
     draws = args.draws or manifest["sampler"]["draws"]
@@ -278,9 +281,6 @@ def run(args) -> int:
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = None
         if args.algorithm == "adaptive_hmc_dense":
-            if "dense_idx" not in arr.files:
-                raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx (an export older than the block metric); "
-                                 f"export again with `benchmarks/power_gpu.py export`")
             dense = arr["dense_idx"]
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense)

@@ -132,6 +132,22 @@ def test_the_export_names_the_block_metrics_dense_coordinates(small):
     assert units and set(dense.tolist()) == set(range(manifest["dim"])) - units
 
 
+def test_the_device_run_refuses_an_export_without_the_dense_coordinates(power_gpu, small, tmp_path, monkeypatch):
+    """An export written before the block metric has no ``dense_idx``: the dense run stops before
+    any timing, naming the file, the missing field and the command that writes a new export."""
+    old = tmp_path / "old_export"
+    old.mkdir()
+    for name in ("manifest.json", power_gpu.EXPORT_FILE):
+        (old / name).write_bytes((small / name).read_bytes())
+    arrays = dict(np.load(small / "arrays.npz"))
+    del arrays["dense_idx"]
+    np.savez(old / "arrays.npz", **arrays)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # restored after the test (run's --platform would set it for good)
+    args = argparse.Namespace(artefacts=str(old), platform=None, max_seconds=60.0, algorithm="adaptive_hmc_dense")
+    with pytest.raises(SystemExit, match=r"arrays\.npz: no dense_idx.*power_gpu\.py export"):
+        power_gpu.run(args)
+
+
 # Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
 # -m slow before a device session; the export's log density and NUTS steps stay in the default run.
 @pytest.mark.slow
