@@ -186,8 +186,8 @@ def run(args) -> int:
                          f"installed and carry the folder (--artefacts names another one)")
     manifest = json.loads((art / "manifest.json").read_text())
     arr = np.load(art / "arrays.npz")
-    if args.algorithm == "adaptive_hmc_dense" and "dense_idx" not in arr.files:
-        raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx, which --algorithm adaptive_hmc_dense needs (an export "
+    if args.algorithm.startswith("adaptive_hmc_dense") and "dense_idx" not in arr.files:
+        raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx, which --algorithm {args.algorithm} needs (an export "
                          f"older than the block metric); export again with `benchmarks/power_gpu.py export`")
     Y_all = arr["Y"].astype(np.float64)
     y_ref, W, c = arr["y_ref"], arr["contrast_W"], arr["contrast_c"]
@@ -276,14 +276,15 @@ def run(args) -> int:
         _fit = sampler.fit_kept
         sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
             **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
-    elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense"):
+    elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"):
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = None
-        if args.algorithm == "adaptive_hmc_dense":
+        if args.algorithm.startswith("adaptive_hmc_dense"):
             dense = arr["dense_idx"]
+        # _oas: the dense block shrunk towards its diagonal (vectorised.oas_towards_diagonal)
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense)
+                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"))
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
@@ -299,8 +300,9 @@ def run(args) -> int:
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
                           "algorithm": args.algorithm,
                           "trajectory_length": getattr(ref, "trajectory_length", None),
-                          "dense": args.dense or args.algorithm == "adaptive_hmc_dense",
-                          "dense_block_size": None if args.algorithm != "adaptive_hmc_dense" else int(len(dense))}
+                          "dense": args.dense or args.algorithm.startswith("adaptive_hmc_dense"),
+                          "dense_block_size": None if not args.algorithm.startswith("adaptive_hmc_dense")
+                          else int(len(dense)), "dense_shrinkage": "oas" if args.algorithm.endswith("_oas") else None}
     save("c_reference")
 
     # (d) many datasets at once
@@ -417,18 +419,25 @@ def _validation_estimates():
     return replace(base, h5=h5, judge_sigma=0.25, controls=controls, h4=h4)
 
 
-#: Target acceptances of the reference's retries: nutpie's default, then smaller steps where the
-#: long run diverged (a reference that misses the convergence rule makes its comparison void).
-REFERENCE_TARGET_ACCEPT = (None, 0.95, 0.99)
+#: The reference's attempts, in order, while a run misses the convergence rule: (target
+#: acceptance, frame form). nutpie's default, then smaller steps (the usual cure for
+#: divergences), then, for a primary-model block, its frame effects in the OTHER form than the
+#: registered rule picks ("other"): the posterior is the same model's, only sampled in other
+#: coordinates, and a dataset near the rule's threshold can diverge in the form it got. A
+#: reference that misses the rule makes its comparison void.
+REFERENCE_ATTEMPTS = ((None, None), (0.95, None), (0.99, None), (None, "other"), (0.95, "other"))
+#: The target acceptances of those attempts (recorded in the validation's JSON).
+REFERENCE_TARGET_ACCEPT = tuple(dict.fromkeys(t for t, _ in REFERENCE_ATTEMPTS))
+OTHER_FORM = {"centred": "non_centred", "non_centred": "centred"}
 
 
 def reference_run(b, fitter, priors, h5_priors, draws: int, seed: int,
-                  target_accept: float | None = None) -> tuple[dict, int]:
+                  target_accept: float | None = None, form: str | None = None) -> tuple[dict, int]:
     """The long run of the registered sampler on one block of one dataset (nutpie, 4 chains x
     (1,000 + ``draws``); ``fitter``: a ``Fitter`` with those lengths and the registered frame
-    rule; ``target_accept``: nutpie's, where not its default): the block's contrasts, each (4,
-    draws), and the run's divergences (a comparison with a diverging reference rests on a
-    biased or wide "truth")."""
+    rule; ``target_accept``: nutpie's, where not its default; ``form``: a primary-model block's
+    frame form where not the rule's): the block's contrasts, each (4, draws), and the run's
+    divergences (a comparison with a diverging reference rests on a biased or wide "truth")."""
     import copy
 
     from fear_assets.models.primary_model import one_blas_thread, sample
@@ -444,24 +453,95 @@ def reference_run(b, fitter, priors, h5_priors, draws: int, seed: int,
     elif b.kind == "h5":  # constant data: compiled per dataset, as the runner does
         idata = sample(b.build(priors, h5_priors), draws, 1000, 4, seed)
     else:
-        if options:
+        if options or form is not None:
             fitter = copy.copy(fitter)
-            fitter.sample_options = lambda: options  # the same compiled model, smaller steps
+            if options:
+                fitter.sample_options = lambda: options  # the same compiled model, smaller steps
+            if form is not None:
+                fitter.rule, fitter.frames = None, form  # the same posterior in the other coordinates
         idata = fitter.fit(b.data, seed)
     contrasts = {c: np.asarray(x).reshape(4, -1) for c, x in b.contrasts(idata).items()}
     return contrasts, int(np.asarray(idata.sample_stats["diverging"]).sum())
 
 
-def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rule) -> tuple[dict, int, list[dict]]:
-    """``reference_run`` at nutpie's default target acceptance, and again at each further one of
-    ``REFERENCE_TARGET_ACCEPT`` while the run misses the convergence rule ``rule`` (smaller
-    steps, the usual cure for divergences). The last run is kept either way; ``attempts``
-    records each run's target acceptance and convergence beside the comparison."""
+def source_digest(*globs: str) -> str:
+    """sha256 of the source files matching ``globs`` (relative to the repository): a cached fit
+    is reused only by the code that fitted it."""
+    h = hashlib.sha256()
+    for path in sorted({p for g in globs for p in ROOT.glob(g)}):
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+#: The code a reference run depends on besides nutpie and PyMC: the models and how a block is drawn.
+REFERENCE_SOURCES = ("fear_assets/models/*.py", "fear_assets/analysis/*.py", "fear_assets/simulation/blocks.py")
+#: The code an SBC batch depends on: the accelerator path's sampler and programs, and the models.
+SBC_SOURCES = ("fear_assets/simulation/vectorised.py", "fear_assets/simulation/accelerated.py",
+               "fear_assets/models/*.py", "fear_assets/simulation/blocks.py")
+
+
+def reference_key(b, fitter, priors, h5_priors, draws: int, seed: int, target_accept, form) -> str:
+    """What one reference attempt depends on, as a sha256 prefix: the block's data and model
+    kind, the priors, the fitter's frame rule, tuning and chains, the draws and seed, the
+    attempt's target acceptance and frame form, the samplers' versions and the models' source
+    (``REFERENCE_SOURCES``): a cached run is reused only where all agree."""
+    import pickle
+
+    import nutpie
+    import pymc
+
+    blob = pickle.dumps((b.block, b.kind, b.data, priors, fitter.priors, h5_priors, fitter.rule, fitter.tune,
+                         fitter.chains, int(draws), int(seed), target_accept, form, nutpie.__version__,
+                         pymc.__version__, source_digest(*REFERENCE_SOURCES)), protocol=5)
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def cached_reference_run(b, fitter, priors, h5_priors, draws: int, seed: int, target_accept, form,
+                         cache: Path | None) -> tuple[dict, int, bool]:
+    """``reference_run``, kept in ``cache`` (a folder; None: not kept) under its
+    ``reference_key`` and read back by a later validation of the same datasets. Returns the
+    contrasts, the divergences and whether they were read back."""
+    path = None
+    if cache is not None:
+        key = reference_key(b, fitter, priors, h5_priors, draws, seed, target_accept, form)
+        path = Path(cache) / f"reference-{b.block}-{key}.npz"
+        if path.exists():
+            with np.load(path) as z:
+                return {k.removeprefix("c:"): z[k] for k in z.files if k.startswith("c:")}, int(z["divergent"]), True
+    contrasts, divergent = reference_run(b, fitter, priors, h5_priors, draws, seed, target_accept, form)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.stem + ".partial.npz")  # written whole, then renamed: never a half file
+        np.savez(tmp, divergent=divergent, **{f"c:{k}": v for k, v in contrasts.items()})
+        tmp.replace(path)
+    return contrasts, divergent, False
+
+
+def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rule, cache: Path | None = None,
+                        log=lambda message: None) -> tuple[dict, int, list[dict]]:
+    """The reference of one block of one dataset: ``REFERENCE_ATTEMPTS`` in order until a run
+    meets the convergence rule ``rule``. The last run is kept either way; ``attempts`` records
+    each run's target acceptance, frame form and convergence beside the comparison; ``log`` gets
+    a line after every attempt (a registered-size reference runs for many minutes); ``cache``:
+    where each attempt is kept and read back (``cached_reference_run``), so a stopped
+    validation resumes where it stopped."""
+    from fear_assets.simulation.accelerated import frame_form
+
     attempts = []
-    for target in REFERENCE_TARGET_ACCEPT:
-        contrasts, divergent = reference_run(b, fitter, priors, h5_priors, draws, seed, target)
+    for target, other in REFERENCE_ATTEMPTS:
+        form = None
+        if other is not None:
+            registered_form = frame_form(b, fitter.rule)
+            if registered_form is None:
+                continue  # a block whose form is fixed (joint, H5) has no other form
+            form = OTHER_FORM[registered_form]
+        t = time.perf_counter()
+        contrasts, divergent, cached = cached_reference_run(b, fitter, priors, h5_priors, draws, seed, target, form,
+                                                            cache)
         conv = _per_dataset_convergence({c: [x] for c, x in contrasts.items()}, [divergent], rule)[0]
-        attempts.append({"target_accept": target, **conv})
+        attempts.append({"target_accept": target, "frame_form": form or "the rule's", **conv})
+        log(f"reference at target acceptance {target or 'default'}, {form or 'the rule'}'s form: "
+            f"{_brief_conv(conv)}, " + ("read from the cache" if cached else f"{time.perf_counter() - t:.0f} s"))
         if not conv["failing"]:
             break
     return contrasts, divergent, attempts
@@ -520,7 +600,8 @@ def validate(args) -> int:
            "extension": {"draws": s.extension_draws, "max_extensions": extensions},
            "reference": {"sampler": "nutpie (registered model via Fitter, the registered frame rule)", "chains": 4,
                          "tune": 1000, "draws": long_draws,
-                         "retries_target_accept": [t for t in REFERENCE_TARGET_ACCEPT if t is not None]},
+                         "retries_target_accept": [t for t in REFERENCE_TARGET_ACCEPT if t is not None],
+                         "attempts": [{"target_accept": t, "frame_form": f or "the rule's"} for t, f in REFERENCE_ATTEMPTS]},
            "load_before": os.getloadavg(), "cpu_count": os.cpu_count()}
     # datasets 0..K-1 are scored; K..K+pilot-1 tune the frozen samplers (never scored)
     sims = [simulate_blocks(design, est, rules, "validate", args.scenario, i, seed, blocks, priors.fixed_sd)
@@ -580,8 +661,9 @@ def validate(args) -> int:
         ref_attempts = []
         for k in range(K):
             b = sims[k][block]
-            contrasts, divergent, tried = converged_reference(b, ref, priors, h5p, long_draws, seed + 7 + k,
-                                                              settings.convergence)
+            contrasts, divergent, tried = converged_reference(
+                b, ref, priors, h5p, long_draws, seed + 7 + k, settings.convergence, cache=args.reference_cache,
+                log=lambda m, k=k: print(f"[{time.perf_counter() - t_start:.0f} s] {block} dataset {k}: {m}", flush=True))
             ref_attempts.append(tried)
             for c, x in contrasts.items():
                 long.setdefault(c, []).append(x)
@@ -651,7 +733,8 @@ def validate(args) -> int:
     def sbc_so_far(partial):  # the ranks of a long SBC, written after every batch
         out.write_text(json.dumps({**res, "sbc": partial}, indent=1, default=float) + "\n")
 
-    res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed, partial=sbc_so_far) if sbc_n else None
+    res["sbc"] = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, seed, partial=sbc_so_far,
+                      cache=args.reference_cache) if sbc_n else None
     if res["sbc"]:
         print(f"[{time.perf_counter() - t_start:.0f} s] sbc: {json.dumps(res['sbc']['per_quantity'])}", flush=True)
     res["load_after"] = os.getloadavg()
@@ -698,7 +781,8 @@ def _brief_conv(c: dict) -> str:
             f"rhat {c['rhat_max']:.3f}{' FAILS' if c['failing'] else ''}")
 
 
-def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8, partial=None) -> dict:
+def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8, partial=None,
+         cache: Path | None = None) -> dict:
     """SBC of the primary model on a reduced design (5 frames, one depth): ``n`` prior draws
     (PyMC's prior predictive of the registered model), each fitted by the accelerator path in
     batches of ``batch`` datasets (a batch's transition lasts as long as its longest
@@ -706,7 +790,9 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
     H1-H3, sigma, nu and the six frame SDs; a chi-square uniformity test each, passed where the
     smallest p is above 0.01 / the number of quantities. ``partial``: called after every batch
     with the result on the draws fitted so far (``complete`` False), so a long SBC stopped
-    early still leaves its ranks."""
+    early still leaves its ranks. ``cache``: a folder where every fitted batch is kept (its key:
+    the batch's simulated outcomes, the sampler's settings, lengths and seed, and the sampler's
+    source, ``SBC_SOURCES``) and read back, so an SBC of many hours can run in several sittings."""
     import pymc as pm
 
     from fear_assets.simulation import accelerated as acc
@@ -747,17 +833,36 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
         out.update({"passed": bool(out["min_p"] > 0.01 / len(truth)), "complete": m == n, "prior_draws_planned": n,
                     "seconds": time.perf_counter() - t, "divergences": int(d.sum()),
                     "prior_draws_with_divergences": int((d > 0).sum()), "rows": design.rows, "batch": batch,
-                    "fit": dict(timings)})
+                    "fit": dict(timings), "batches_read_from_cache": read_back})
         return out
 
+    code = source_digest(*SBC_SOURCES)
+    read_back = 0
     for i, lo in enumerate(range(0, n, batch)):
-        f = acc.fit_batch(tuned, Y[lo:lo + batch], seed + 4 + i, warmup, draws)
-        parts.append(quantities(f["kept"]))
-        div.append(np.asarray(f["divergences"]).reshape(len(f["kept"]), -1).sum(axis=1))
-        for k in timings:
-            timings[k] += f["timings"].get(k, 0.0)
+        path = None
+        if cache is not None:
+            key = hashlib.sha256(json.dumps([vars(sampler), warmup, draws, seed + 4 + i, code], sort_keys=True,
+                                            default=str).encode() + Y[lo:lo + batch].tobytes()).hexdigest()[:24]
+            path = Path(cache) / f"sbc-batch-{key}.npz"
+        if path is not None and path.exists():
+            with np.load(path) as z:
+                parts.append({k.removeprefix("q:"): z[k] for k in z.files if k.startswith("q:")})
+                div.append(z["divergences"])
+            read_back += 1
+        else:
+            f = acc.fit_batch(tuned, Y[lo:lo + batch], seed + 4 + i, warmup, draws)
+            parts.append(quantities(f["kept"]))
+            div.append(np.asarray(f["divergences"]).reshape(len(f["kept"]), -1).sum(axis=1))
+            for k in timings:
+                timings[k] += f["timings"].get(k, 0.0)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.stem + ".partial.npz")  # whole, then renamed
+                np.savez(tmp, divergences=div[-1], **{f"q:{k}": v for k, v in parts[-1].items()})
+                tmp.replace(path)
         m = min(lo + batch, n)
-        print(f"[sbc] {m} of {n} prior draws fitted ({timings['run_s']:.0f} s run)", flush=True)
+        print(f"[sbc] {m} of {n} prior draws fitted ({timings['run_s']:.0f} s run, {read_back} batches read "
+              f"from the cache)", flush=True)
         if partial is not None and m < n:
             partial(result(m))
     return result(n)
@@ -785,12 +890,14 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
-    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc", "adaptive_hmc_dense"], default="nuts",
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"],
+                   default="nuts",
                    help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
                         "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen; "
                         "adaptive_hmc: jittered HMC with every dataset's own warm-up (--warmup steps; "
                         "--target-accept 0.9 as validated); adaptive_hmc_dense: the same with a mass matrix dense "
-                        "on the global parameters, diagonal on the unit intercepts")
+                        "on the global parameters, diagonal on the unit intercepts; adaptive_hmc_dense_oas: that dense "
+                        "block shrunk towards its diagonal (OAS)")
     r.add_argument("--pilot-datasets", type=int, default=8)
     r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
     r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
@@ -806,16 +913,21 @@ def main() -> int:
     v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
-    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc", "adaptive_hmc_dense"],
+    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc", "adaptive_hmc_dense",
+                                           "adaptive_hmc_dense_oas"],
                    help="default: the registered simulation_sampler's; adaptive_hmc: the candidate with every "
                         "dataset's own warm-up (not registered); adaptive_hmc_dense: the same with a mass matrix "
-                        "dense on the global parameters, diagonal on the unit intercepts")
+                        "dense on the global parameters, diagonal on the unit intercepts; adaptive_hmc_dense_oas: "
+                        "that dense block shrunk towards its diagonal (OAS)")
     v.add_argument("--reference-draws", type=int, help="the long nutpie run's draws per chain (4 chains, 1,000 "
                                                         "tuning; default 4,000, 1,000 with --quick)")
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")
     v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the section's; 400 for adaptive_hmc)")
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
+    v.add_argument("--reference-cache", type=Path, default=ROOT / "data" / "cache" / "power_validation",
+                   help="folder keeping each finished reference run and SBC batch, read back by a later validation "
+                        "of the same datasets (keyed by their data, settings, seeds and the code that fits them)")
     v.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "power_validation.json"))
     args = ap.parse_args()
     return {"export": export, "run": run, "validate": validate}[args.cmd](args)

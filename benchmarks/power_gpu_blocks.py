@@ -213,9 +213,9 @@ def run(args) -> int:
                 continue
         t = time.perf_counter()
         ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
-        dense = arr["dense_idx"] if args.algorithm == "adaptive_hmc_dense" else None
+        dense = arr["dense_idx"] if args.algorithm.startswith("adaptive_hmc_dense") else None
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense)
+                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"))
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][:K].astype(np.float64)
@@ -320,7 +320,8 @@ def main() -> int:
     r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
     r.add_argument("--blocks", nargs="*", help="default: every exported block")
     r.add_argument("--datasets", type=int, help="datasets per block (default: every exported one)")
-    r.add_argument("--algorithm", choices=["adaptive_hmc", "adaptive_hmc_dense"], default="adaptive_hmc_dense")
+    r.add_argument("--algorithm", choices=["adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"],
+                   default="adaptive_hmc_dense")
     r.add_argument("--chains", type=int, help="default: the simulation_sampler section's")
     r.add_argument("--warmup", type=int, help="per dataset (default 400, as validated on CPU)")
     r.add_argument("--draws", type=int, help="default: the simulation_sampler section's")

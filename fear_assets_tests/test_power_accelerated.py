@@ -226,7 +226,7 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "validate", "--frames", "5",
                            "--depths", "1", "--datasets", "4", "--sbc-draws", "0", "--loop-datasets", "1",
-                           "--algorithm", "nuts", "--out", str(out)],
+                           "--algorithm", "nuts", "--reference-cache", str(tmp_path / "references"), "--out", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -248,10 +248,10 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
 
 # Slow (JAX compilations of the SBC's model): run with -m slow before a long SBC.
 @pytest.mark.slow
-def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch):
+def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch, tmp_path):
     """An SBC of hundreds of prior draws runs for hours on a CPU: after every batch it hands
     over the ranks of the draws fitted so far (not complete), and those are the first ranks of
-    the finished SBC."""
+    the finished SBC; every batch is kept, so an SBC started again refits nothing it fitted."""
     import argparse
     import importlib.util
 
@@ -266,9 +266,77 @@ def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch):
     sampler = argparse.Namespace(algorithm="adaptive_hmc", chains=2, target_accept=0.9)
     partial = []
     out = power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 30,
-                         settings.master_seed, batch=2, partial=partial.append)
+                         settings.master_seed, batch=2, partial=partial.append, cache=tmp_path)
     assert len(partial) == 1 and partial[0]["complete"] is False and partial[0]["prior_draws"] == 2
     assert out["complete"] is True and out["prior_draws"] == 4 and out["prior_draws_planned"] == 4
     assert set(out["ranks"]) == set(partial[0]["ranks"]) and "frame_sd[0]" in out["ranks"]
     for name, ranks in partial[0]["ranks"].items():
         assert out["ranks"][name][:2] == ranks
+    # an SBC started again reads every fitted batch back from its cache and fits none
+    from fear_assets.simulation import accelerated
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("a cached SBC batch was fitted again")
+
+    monkeypatch.setattr(accelerated, "fit_batch", no_fit)
+    again = power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20,
+                           30, settings.master_seed, batch=2, cache=tmp_path)
+    assert again["batches_read_from_cache"] == 2 and again["ranks"] == out["ranks"]
+    # other lengths are another SBC: fitted, not read back
+    with pytest.raises(AssertionError, match="fitted again"):
+        power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 31,
+                       settings.master_seed, batch=2, cache=tmp_path)
+
+
+# Slow (five nutpie runs and two compilations): run with -m slow before a long validation.
+@pytest.mark.slow
+def test_a_failing_reference_is_retried_in_the_other_frame_form_and_a_rerun_reads_every_attempt_back(
+        settings, monkeypatch, tmp_path):
+    """A reference that misses the convergence rule is run again with smaller steps, then with
+    its frame effects in the form the rule did not pick (the same posterior in other
+    coordinates); each attempt is kept, so a validation stopped and started again refits none."""
+    import dataclasses
+    import importlib.util
+
+    from fear_assets.core.settings import PROJECT_ROOT
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.simulation.accelerated import frame_form
+    from fear_assets.simulation.blocks import simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_power_gpu_ref", PROJECT_ROOT / "benchmarks" / "power_gpu.py")
+    power_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power_gpu)
+    priors, h5p, rules = Priors.from_settings(settings), H5Priors.from_settings(settings), Rules.from_settings(settings)
+    rule = settings.fitting.frame_parametrisation
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=1)
+    b = simulate_blocks(design, power_gpu._validation_estimates(), rules, "validate", "meaningful", 0,
+                        settings.master_seed, ("primary",), priors.fixed_sd)["primary"]
+    fitter = Fitter(priors, 50, 100, 4, rule=rule)
+    # no run of 4 x 50 draws reaches this bulk ESS: every attempt misses the rule
+    unreachable = dataclasses.replace(settings.convergence, ess_bulk_min=10 ** 6)
+    lines = []
+    contrasts, _, attempts = power_gpu.converged_reference(b, fitter, priors, h5p, 50, 3, unreachable,
+                                                           cache=tmp_path, log=lines.append)
+    other = {"centred": "non_centred", "non_centred": "centred"}[frame_form(b, rule)]
+    assert [(a["target_accept"], a["frame_form"]) for a in attempts] == [
+        (None, "the rule's"), (0.95, "the rule's"), (0.99, "the rule's"), (None, other), (0.95, other)]
+    assert all(a["failing"] for a in attempts) and len(lines) == 5
+    assert len(list(tmp_path.glob("reference-primary-*.npz"))) == 5
+    assert contrasts["H1"].shape == (4, 50)
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("a cached attempt was fitted again")
+
+    monkeypatch.setattr(power_gpu, "reference_run", no_fit)
+    again, _, attempts_again = power_gpu.converged_reference(b, fitter, priors, h5p, 50, 3, unreachable,
+                                                             cache=tmp_path, log=lines.append)
+    assert attempts_again == attempts and all("read from the cache" in m for m in lines[5:])
+    for c in contrasts:
+        assert again[c].tobytes() == contrasts[c].tobytes()
+    # another seed is another run: not read back
+    with pytest.raises(AssertionError, match="fitted again"):
+        power_gpu.converged_reference(b, fitter, priors, h5p, 50, 4, unreachable, cache=tmp_path)

@@ -151,7 +151,7 @@ def test_the_device_run_refuses_an_export_without_the_dense_coordinates(power_gp
 # Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
 # -m slow before a device session; the export's log density and NUTS steps stay in the default run.
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc", "adaptive_hmc_dense"])
+@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"])
 def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, algorithm):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
@@ -174,7 +174,9 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, alg
     assert proc.stdout.strip().splitlines()[-1].startswith("power_gpu: device=cpu")
     # the block metric's dense coordinates come from the export (the device has no PyMC to read them)
     dense = np.load(small / "arrays.npz")["dense_idx"]
-    assert res["c_reference"]["dense_block_size"] == (len(dense) if algorithm == "adaptive_hmc_dense" else None)
+    dense_run = algorithm.startswith("adaptive_hmc_dense")
+    assert res["c_reference"]["dense_block_size"] == (len(dense) if dense_run else None)
+    assert res["c_reference"]["dense_shrinkage"] == ("oas" if algorithm == "adaptive_hmc_dense_oas" else None)
     if algorithm != "nuts":
         assert "e_reference_hdi" not in res
         return

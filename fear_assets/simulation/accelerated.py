@@ -39,7 +39,11 @@ ADAPTIVE_TARGET_ACCEPT = 0.9
 #: The same with a block mass matrix (issue 28): dense on the global parameters, diagonal on the
 #: unit intercepts (``dense_block_indices``), each adapted per dataset. Not registered either.
 ADAPTIVE_DENSE = "adaptive_hmc_dense"
-ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE)
+#: The same with the dense block shrunk towards its diagonal (``vectorised.oas_towards_diagonal``):
+#: a block of hundreds of coordinates estimated from a warm-up window. Not registered either.
+ADAPTIVE_DENSE_OAS = "adaptive_hmc_dense_oas"
+DENSE_ALGORITHMS = (ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS)
+ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS)
 #: The value variables on the block metric's diagonal: one standardised intercept per unit
 #: (or document), many, independent a priori given their scale; every other variable is global.
 UNIT_INTERCEPTS = ("z_unit", "z_document")
@@ -182,10 +186,10 @@ def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, k
     timings: dict = {}
     if s.algorithm in ADAPTIVE_ALGORITHMS:
         # no pilot: every dataset adapts from a cold start (seeded jitter about PyMC's initial point)
-        dense = dense_block_indices(prog.jm.names, prog.jm.sizes) if s.algorithm == ADAPTIVE_DENSE else None
+        dense = dense_block_indices(prog.jm.names, prog.jm.sizes) if s.algorithm in DENSE_ALGORITHMS else None
         sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
                                      target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT),
-                                     dense_idx=dense)
+                                     dense_idx=dense, shrink_dense=s.algorithm == ADAPTIVE_DENSE_OAS)
         params = FrozenHMC.cold_start(prog.jm.x0, s.chains, seed)
     elif s.algorithm == "chees_hmc":
         sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)

@@ -705,6 +705,30 @@ def regularised_covariance(n, s1, s2):
     return (n / (n + 5.0))[shape] * cov + reg
 
 
+def oas_towards_diagonal(cov, n):
+    """A dense block's covariance shrunk towards its own diagonal: the Oracle Approximating
+    Shrinkage (Chen, Wiesel, Eldar and Hero 2010; scikit-learn's ``oas``, whose formula this
+    follows) applied to the block's correlation matrix R from ``n`` draws, R* = (1 - rho) R +
+    rho I, rescaled by the block's own standard deviations. Why: a window of a few hundred draws
+    estimates a block of hundreds of coordinates with a Marchenko-Pastur spread of eigenvalues
+    (the smallest far too small), so the whitened posterior has directions several times wider
+    than the rest and ChEES lengthens every trajectory to cross them; the variances themselves
+    are kept. ``cov``: (..., m, m); ``n``: (...,). Returns the shrunk covariance and rho (...,)."""
+    import jax.numpy as jnp
+
+    sd = jnp.sqrt(jnp.diagonal(cov, axis1=-2, axis2=-1))
+    R = cov / (sd[..., :, None] * sd[..., None, :])
+    p = cov.shape[-1]
+    alpha = jnp.mean(R ** 2, axis=(-2, -1))
+    mu = jnp.trace(R, axis1=-2, axis2=-1) / p  # 1 up to rounding
+    num = alpha + mu ** 2
+    den = (n + 1.0) * (alpha - mu ** 2 / p)
+    rho = jnp.where(den > 0, jnp.minimum(num / jnp.where(den > 0, den, 1.0), 1.0), 1.0)
+    eye = jnp.eye(p, dtype=cov.dtype)
+    shrunk = (1.0 - rho)[..., None, None] * R + (rho * mu)[..., None, None] * eye
+    return shrunk * (sd[..., :, None] * sd[..., None, :]), rho
+
+
 class BatchedAdaptiveHMC(BatchedChEES):
     """Jittered HMC over many datasets' chains in one JAX program in which EVERY DATASET ADAPTS
     ITS OWN step size, mass matrix and trajectory length in a warm-up (pooling its own
@@ -720,15 +744,18 @@ class BatchedAdaptiveHMC(BatchedChEES):
     chain covariance, regularised as Stan does (``regularised_covariance``), becomes the inverse
     mass matrix and restarts eps_k's averaging: diagonal, or, given ``dense_idx``, DENSE on those
     coordinates (a model's global parameters) and diagonal on the rest (its unit intercepts;
-    ``block_metric``). L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
+    ``block_metric``); with ``shrink_dense``, each window's dense estimate is shrunk towards its
+    diagonal first (``oas_towards_diagonal``). L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
     the whitened form of BlackJAX's ``chees_adaptation``) ascended by Adam in log L on
     dataset k's chains, its running average kept. ``tune`` (the parent's ChEES on pilot datasets)
     gives only where the warm-up starts: the chains' positions, eps, L and M."""
 
     def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray | None = None,
                  keep: Callable | None = None, float32: bool = False, max_steps: int = 1024,
-                 target_accept: float = 0.8, learning_rate: float = 0.025, dense_idx: Sequence[int] | None = None):
+                 target_accept: float = 0.8, learning_rate: float = 0.025, dense_idx: Sequence[int] | None = None,
+                 shrink_dense: bool = False):
         super().__init__(logdensity, dim, x0, keep_idx, keep, float32, max_steps)
+        self.shrink_dense = bool(shrink_dense)
         self.target_accept, self.learning_rate = float(target_accept), float(learning_rate)
         idx = None if dense_idx is None else np.unique(np.asarray(dense_idx, dtype=np.int64))
         if idx is not None and (idx.size == 0 or idx[0] < 0 or idx[-1] >= self.dim):
@@ -746,6 +773,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
         target, lr = self.target_accept, self.learning_rate
         da_init0, da_update, da_final = dual_averaging_adaptation(target)
         idx = None if self.dense_idx is None else jnp.asarray(self.dense_idx)
+        shrink = self.shrink_dense
 
         def da_init(eps):  # one averaging per dataset: every field a (K,) vector but the step count
             st = da_init0(eps)
@@ -788,6 +816,8 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 if idx is None:
                     return new_imm, chol_r
                 cov = regularised_covariance(s0, s1[:, idx], S2)
+                if shrink:
+                    cov = oas_towards_diagonal(cov, s0)[0]
                 chol = jnp.linalg.cholesky(cov)
                 # a window whose factor failed (not positive definite in rounding) keeps the last one
                 ok = jnp.all(jnp.isfinite(chol), axis=(1, 2))
