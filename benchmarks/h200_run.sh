@@ -29,7 +29,8 @@ if [ "$CHEES_S" -gt 0 ]; then
 fi
 # Issue 28's candidate with every dataset's own warm-up (adaptive_hmc, target acceptance 0.9 as
 # validated on CPU); off unless ADAPTIVE_S is set, within the same device-time sum.
-# ADAPTIVE_ALGORITHM=adaptive_hmc_dense: the block mass matrix (dense globals, diagonal unit intercepts).
+# ADAPTIVE_ALGORITHM=adaptive_hmc_dense: the block mass matrix (dense globals, diagonal unit intercepts);
+# adaptive_hmc_dense_oas: that block shrunk towards its diagonal (fewer leapfrog steps; diverges on funnels).
 if [ "$ADAPTIVE_S" -gt 0 ]; then
   timeout "$ADAPTIVE_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" \
     --algorithm "${ADAPTIVE_ALGORITHM:-adaptive_hmc}" \
