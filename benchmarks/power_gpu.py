@@ -186,7 +186,9 @@ def run(args) -> int:
                          f"installed and carry the folder (--artefacts names another one)")
     manifest = json.loads((art / "manifest.json").read_text())
     arr = np.load(art / "arrays.npz")
-    if args.algorithm.startswith("adaptive_hmc_dense") and "dense_idx" not in arr.files:
+    # adaptive_hmc_dense[_oas]: the block metric, dense on the export's dense_idx; _oas: shrunk (OAS)
+    dense_run, shrink = args.algorithm.startswith("adaptive_hmc_dense"), args.algorithm.endswith("_oas")
+    if dense_run and "dense_idx" not in arr.files:
         raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx, which --algorithm {args.algorithm} needs (an export "
                          f"older than the block metric); export again with `benchmarks/power_gpu.py export`")
     Y_all = arr["Y"].astype(np.float64)
@@ -279,12 +281,9 @@ def run(args) -> int:
     elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"):
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
-        dense = None
-        if args.algorithm.startswith("adaptive_hmc_dense"):
-            dense = arr["dense_idx"]
-        # _oas: the dense block shrunk towards its diagonal (vectorised.oas_towards_diagonal)
+        dense = arr["dense_idx"] if dense_run else None
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"))
+                                         dense_idx=dense, shrink_dense=shrink)
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
@@ -300,9 +299,9 @@ def run(args) -> int:
     res["c_reference"] = {**tm, "steps": args.adapt, "chains": chains, "step_size": ref.step_size,
                           "algorithm": args.algorithm,
                           "trajectory_length": getattr(ref, "trajectory_length", None),
-                          "dense": args.dense or args.algorithm.startswith("adaptive_hmc_dense"),
-                          "dense_block_size": None if not args.algorithm.startswith("adaptive_hmc_dense")
-                          else int(len(dense)), "dense_shrinkage": "oas" if args.algorithm.endswith("_oas") else None}
+                          "dense": args.dense or dense_run,
+                          "dense_block_size": int(len(dense)) if dense_run else None,
+                          "dense_shrinkage": "oas" if shrink else None}
     save("c_reference")
 
     # (d) many datasets at once
@@ -428,7 +427,6 @@ def _validation_estimates():
 REFERENCE_ATTEMPTS = ((None, None), (0.95, None), (0.99, None), (None, "other"), (0.95, "other"))
 #: The target acceptances of those attempts (recorded in the validation's JSON).
 REFERENCE_TARGET_ACCEPT = tuple(dict.fromkeys(t for t, _ in REFERENCE_ATTEMPTS))
-OTHER_FORM = {"centred": "non_centred", "non_centred": "centred"}
 
 
 def reference_run(b, fitter, priors, h5_priors, draws: int, seed: int,
@@ -496,6 +494,23 @@ def reference_key(b, fitter, priors, h5_priors, draws: int, seed: int, target_ac
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
+def kept_or_fitted(path: Path | None, fit) -> tuple[dict, np.ndarray, bool]:
+    """A fit's draws (name -> array) and divergences, read back from ``path`` where an earlier
+    run kept them, else ``fit()``'s, then kept there (written whole, then renamed: never a half
+    file; ``path`` None: not kept). Returns the draws, the divergences and whether they were
+    read back: the one cache of ``validate``'s reference attempts and SBC batches."""
+    if path is not None and path.exists():
+        with np.load(path) as z:
+            return {k.removeprefix("a:"): z[k] for k in z.files if k.startswith("a:")}, z["divergences"], True
+    draws, divergences = fit()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.stem + ".partial.npz")
+        np.savez(tmp, divergences=divergences, **{f"a:{k}": v for k, v in draws.items()})
+        tmp.replace(path)
+    return draws, np.asarray(divergences), False
+
+
 def cached_reference_run(b, fitter, priors, h5_priors, draws: int, seed: int, target_accept, form,
                          cache: Path | None) -> tuple[dict, int, bool]:
     """``reference_run``, kept in ``cache`` (a folder; None: not kept) under its
@@ -505,16 +520,9 @@ def cached_reference_run(b, fitter, priors, h5_priors, draws: int, seed: int, ta
     if cache is not None:
         key = reference_key(b, fitter, priors, h5_priors, draws, seed, target_accept, form)
         path = Path(cache) / f"reference-{b.block}-{key}.npz"
-        if path.exists():
-            with np.load(path) as z:
-                return {k.removeprefix("c:"): z[k] for k in z.files if k.startswith("c:")}, int(z["divergent"]), True
-    contrasts, divergent = reference_run(b, fitter, priors, h5_priors, draws, seed, target_accept, form)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + ".partial.npz")  # written whole, then renamed: never a half file
-        np.savez(tmp, divergent=divergent, **{f"c:{k}": v for k, v in contrasts.items()})
-        tmp.replace(path)
-    return contrasts, divergent, False
+    contrasts, divergent, cached = kept_or_fitted(
+        path, lambda: reference_run(b, fitter, priors, h5_priors, draws, seed, target_accept, form))
+    return contrasts, int(divergent), cached
 
 
 def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rule, cache: Path | None = None,
@@ -525,6 +533,7 @@ def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rul
     a line after every attempt (a registered-size reference runs for many minutes); ``cache``:
     where each attempt is kept and read back (``cached_reference_run``), so a stopped
     validation resumes where it stopped."""
+    from fear_assets.models.primary_model import FRAME_PARAMETRISATIONS
     from fear_assets.simulation.accelerated import frame_form
 
     attempts = []
@@ -534,7 +543,7 @@ def converged_reference(b, fitter, priors, h5_priors, draws: int, seed: int, rul
             registered_form = frame_form(b, fitter.rule)
             if registered_form is None:
                 continue  # a block whose form is fixed (joint, H5) has no other form
-            form = OTHER_FORM[registered_form]
+            form = next(f for f in FRAME_PARAMETRISATIONS if f != registered_form)
         t = time.perf_counter()
         contrasts, divergent, cached = cached_reference_run(b, fitter, priors, h5_priors, draws, seed, target, form,
                                                             cache)
@@ -844,22 +853,17 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
             key = hashlib.sha256(json.dumps([vars(sampler), warmup, draws, seed + 4 + i, code], sort_keys=True,
                                             default=str).encode() + Y[lo:lo + batch].tobytes()).hexdigest()[:24]
             path = Path(cache) / f"sbc-batch-{key}.npz"
-        if path is not None and path.exists():
-            with np.load(path) as z:
-                parts.append({k.removeprefix("q:"): z[k] for k in z.files if k.startswith("q:")})
-                div.append(z["divergences"])
-            read_back += 1
-        else:
+
+        def fit(i=i, lo=lo):
             f = acc.fit_batch(tuned, Y[lo:lo + batch], seed + 4 + i, warmup, draws)
-            parts.append(quantities(f["kept"]))
-            div.append(np.asarray(f["divergences"]).reshape(len(f["kept"]), -1).sum(axis=1))
             for k in timings:
                 timings[k] += f["timings"].get(k, 0.0)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.stem + ".partial.npz")  # whole, then renamed
-                np.savez(tmp, divergences=div[-1], **{f"q:{k}": v for k, v in parts[-1].items()})
-                tmp.replace(path)
+            return quantities(f["kept"]), np.asarray(f["divergences"]).reshape(len(f["kept"]), -1).sum(axis=1)
+
+        q, d, cached = kept_or_fitted(path, fit)
+        parts.append(q)
+        div.append(d)
+        read_back += cached
         m = min(lo + batch, n)
         print(f"[sbc] {m} of {n} prior draws fitted ({timings['run_s']:.0f} s run, {read_back} batches read "
               f"from the cache)", flush=True)
