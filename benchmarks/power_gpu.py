@@ -567,7 +567,7 @@ def validate(args) -> int:
     from fear_assets.models.primary_model import Fitter, Priors, sample
     from fear_assets.simulation import accelerated as acc
     from fear_assets.simulation import validation
-    from fear_assets.simulation.blocks import outcome, simulate_blocks
+    from fear_assets.simulation.blocks import simulate_blocks
     from fear_assets.simulation.design import simulated_design
     from fear_assets.simulation.runner import Rules
 
@@ -617,50 +617,14 @@ def validate(args) -> int:
             for i in range(K + (0 if adaptive else s.pilot_datasets))]
     short_all, long_all, ropes, conv, speed, ref_conv, cand_conv = {}, {}, {}, {}, {}, {}, {}
     for block in blocks:
-        Y = np.stack([outcome(x[block]) for x in sims])
-        forms = [acc.frame_form(x[block], rule) for x in sims]
-        short, divergences, tune_s, run_s, fits = {}, {}, 0.0, 0.0, []
-        # one program per frame form the registered rule picks (the nutpie loop fits each dataset in its form)
-        for form in sorted({forms[k] for k in range(K)}, key=str):
-            idx = [k for k in range(K) if forms[k] == form]
-            prog = acc.block_program(sims[idx[0]][block], priors, h5p, rule=rule)
-            pilot = [k for k in range(K, len(sims)) if forms[k] == form] or idx
-            t = time.perf_counter()
-            tuned = acc.tune(prog, Y[pilot], sampler, seed)
-            tune_s += time.perf_counter() - t
-            fit = acc.fit_batch(tuned, Y[idx], seed + 1, warmup, draws)
-            rounds = 0
-            for r in range(extensions):
-                c = validation.convergence_counts(acc.contrast_draws(prog, fit["kept"]), settings.convergence,
-                                                  fit["divergences"])
-                if c["datasets_failing_any"] == 0:
-                    break
-                fit = acc.extend_batch(tuned, Y[idx], fit, seed + 2 + r, s.extension_draws)
-                rounds += 1
-            run_s += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
-            for c, x in acc.contrast_draws(prog, fit["kept"]).items():
-                for j, k in enumerate(idx):
-                    short.setdefault(c, {})[k] = x[j]
-            for j, k in enumerate(idx):
-                divergences[k] = np.asarray(fit["divergences"])[j]
-            ad = fit.get("adapted")
-            dense_m = 0 if ad is None or ad.dense_idx is None else len(ad.dense_idx)
-            fits.append({"form": form, "datasets": idx, "pilot": pilot if not adaptive else [],
-                         "timings": fit["timings"], "tune": tuned.timings, "extensions": rounds,
-                         "draws_per_chain": int(fit["kept"].shape[2]),
-                         "divergences": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
-                         "warmup_divergences": (np.asarray(fit["warmup_divergences"]).sum(axis=1).tolist()
-                                                if "warmup_divergences" in fit else None),
-                         "leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
-                         "step_size": (ad.step_size.tolist() if ad is not None
-                                       else getattr(tuned.params, "step_size", None)),
-                         "trajectory_length": (ad.trajectory_length.tolist() if ad is not None
-                                               else getattr(tuned.params, "trajectory_length", None)),
-                         "parameters": int(prog.jm.dim), "dense_block": dense_m})
-            print(f"[{time.perf_counter() - t_start:.0f} s] {block} form {form}: {json.dumps(fits[-1], default=float)[:700]}",
-                  flush=True)
-        short = {c: [v[k] for k in range(K)] for c, v in short.items()}
-        div = [divergences[k] for k in range(K)]
+        # one program per frame form the registered rule picks, as power_simulation's accelerator path fits a batch
+        bf = acc.fit_block([x[block] for x in sims[:K]], [x[block] for x in sims[K:]], priors, h5p, rule, sampler,
+                           seed, settings.convergence, s.extension_draws, extensions,
+                           log=lambda m: print(f"[{time.perf_counter() - t_start:.0f} s] {m}", flush=True))
+        short, div, fits, tune_s, run_s = bf.contrasts, bf.divergences, bf.programs, bf.tune_s, bf.run_s
+        for f in fits:
+            print(f"[{time.perf_counter() - t_start:.0f} s] {block} form {f['form']}: "
+                  f"{json.dumps(f, default=float)[:700]}", flush=True)
         conv[block] = validation.convergence_counts(short, settings.convergence, div)
         cand_per_ds = _per_dataset_convergence(short, div, settings.convergence)
         # the long reference run and the registered nutpie loop, same datasets

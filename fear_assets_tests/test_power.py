@@ -279,6 +279,7 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     from fear_assets.defs.partitions import partition_key
     from fear_assets.simulation.setup import run_key as _run_key
     from fear_assets.simulation.batches import batch_keys_of
+    from fear_assets.defs.resources.power import PowerSamplerResource
     from fear_assets.defs.resources.protocol import ProtocolResource
 
     keys = batch_keys_of(settings, "qwen2.5-7b")
@@ -294,12 +295,14 @@ def test_power_partitions_and_a_finished_batch_is_not_refitted(settings, tmp_pat
     key = partition_key("smollm2-135m", demo[0])
     assert key == f"{demo[0]}|smollm2-135m"  # the key the multi-partitions had
     context = dg.build_asset_context(partition_key=key)
-    result = power_simulation(context, protocol=protocol, power_pilot_estimates=est)
+    # the nutpie loop chosen: a finished batch is read back whatever the path
+    result = power_simulation(context, protocol=protocol, power_sampler=PowerSamplerResource(path="nutpie"),
+                              power_pilot_estimates=est)
     resumed = result.metadata["resumed"]
     assert getattr(resumed, "value", resumed) == "yes"  # a flag reads yes/no
     wrong = dg.build_asset_context(partition_key=partition_key("smollm2-135m", keys[0]))
     with pytest.raises(ValueError, match="not part of family smollm2-135m"):
-        power_simulation(wrong, protocol=protocol, power_pilot_estimates=est)
+        power_simulation(wrong, protocol=protocol, power_sampler=PowerSamplerResource(), power_pilot_estimates=est)
 
 
 # --- every analysis model the reading needs (H4, H5, gates (a)-(c), the four controls) ------

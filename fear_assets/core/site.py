@@ -59,6 +59,18 @@ class PathsSite:
 
 
 @dataclass(frozen=True)
+class PowerSamplerSite:
+    """How this host fits power-simulation batches (``simulation.sampler_path``): ``path``
+    auto (the accelerator path where JAX reports a GPU and ``validation`` passed; else the
+    nutpie loop), nutpie, or accelerator (forced; a registered family's batch still needs a
+    passed validation). ``validation``: the JSON of a ``benchmarks/power_gpu.py validate`` run
+    of the registered simulation sampler (None: none)."""
+
+    path: str = "auto"
+    validation: Path | None = None
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """One host's configuration (see the module docstring); every field has a default."""
 
@@ -83,6 +95,7 @@ class SiteConfig:
     automation: bool = False
     #: Retries of a failed model step (each retry resumes from the finished chunks).
     retries: int = 2
+    power_sampler: PowerSamplerSite = field(default_factory=PowerSamplerSite)
 
     def checkpoint_dir(self, checkpoint: str) -> Path | None:
         """The local directory this host gives ``checkpoint`` (None: not configured here)."""
@@ -119,7 +132,10 @@ def _dir(path: Path, where: str, key: str, value: Any, what: str = "directory") 
     return p if p.is_absolute() else (path.parent / p).resolve()
 
 
-_TOP = ("checkpoints", "device", "cpu_threads", "engine", "pools", "store", "paths", "automation", "retries")
+_TOP = ("checkpoints", "device", "cpu_threads", "engine", "pools", "store", "paths", "automation", "retries",
+        "power_sampler")
+#: ``power_sampler.path``'s choices (``simulation.sampler_path.HOST_CHOICES``).
+POWER_PATHS = ("auto", "nutpie", "accelerator")
 
 
 def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
@@ -179,12 +195,23 @@ def parse_site(path: Path, raw: Any, registered_checkpoints=None) -> SiteConfig:
     if not isinstance(automation, bool):
         raise SiteError(path, "<top>", "automation", f"expected true or false, got {automation!r}",
                         "write 'automation: true' to let the daemon run each next stage, or false")
+    power_raw = raw.get("power_sampler") or {}
+    if not isinstance(power_raw, Mapping):
+        raise SiteError(path, "<top>", "power_sampler", "expected a mapping",
+                        "write 'power_sampler: {path: auto, validation: results/power_validation.json}'")
+    unknown_keys(path, "power_sampler", power_raw, ("path", "validation"))
+    power_path = power_raw.get("path", "auto")
+    if power_path not in POWER_PATHS:
+        raise SiteError(path, "power_sampler", "path", f"unknown path {power_path!r}",
+                        f"write one of {', '.join(POWER_PATHS)}")
+    power_sampler = PowerSamplerSite(power_path, _dir(path, "power_sampler", "validation", power_raw["validation"],
+                                                      "file") if power_raw.get("validation") is not None else None)
     return SiteConfig(path=path, checkpoints=checkpoints, device=device,
                       cpu_threads=_int(path, "<top>", "cpu_threads", raw.get("cpu_threads", 0), 0),
                       generation_batch=_int(path, "engine", "generation_batch", engine.get("generation_batch", 16), 1),
                       pack_tokens=_int(path, "engine", "pack_tokens", engine.get("pack_tokens", 1024), 16),
                       pools=pools, store=store, paths=paths, automation=automation,
-                      retries=_int(path, "<top>", "retries", raw.get("retries", 2), 0))
+                      retries=_int(path, "<top>", "retries", raw.get("retries", 2), 0), power_sampler=power_sampler)
 
 
 def load_site(path: Path | str | None = None, registered_checkpoints=None) -> SiteConfig:

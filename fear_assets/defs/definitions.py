@@ -19,6 +19,7 @@ from fear_assets.core.site import SiteConfig, load_site
 from fear_assets.defs.assets import analysis, collection, pilot, probes, reading, registration, report, stimuli
 from fear_assets.defs.automation import DEFINITION_SITE, automated, automation_sensor
 from fear_assets.defs.partitions import partitioning_of_definition
+from fear_assets.defs.resources.power import PowerSamplerResource
 from fear_assets.defs.resources import ProtocolResource, store_io_manager
 from fear_assets.defs.resources.models import LanguageModelResource
 
@@ -70,7 +71,8 @@ def stage_jobs() -> list:
 
 
 def resources(duckdb_path: str | None = None, *, site: SiteConfig | None = None, **protocol_paths: str) -> dict:
-    """The resources on this host: the store, the registered inputs, and the language model
+    """The resources on this host: the store, the registered inputs, the power simulation's
+    path (the site's ``power_sampler``), and the language model
     with the site configuration's device, threads, checkpoint directories and engine knobs
     (``site``, default ``$FEAR_ASSETS_SITE``; none: the defaults, which the demo uses)."""
     cache = {"cache_dir": protocol_paths["cache_dir"]} if "cache_dir" in protocol_paths else {}
@@ -80,7 +82,8 @@ def resources(duckdb_path: str | None = None, *, site: SiteConfig | None = None,
     # The IO manager is the only switch between stores: $FEAR_ASSETS_STORE, else the site's store
     # (default: the DuckDB file).
     return {"io_manager": store_io_manager(duckdb_path, site=site), "protocol": protocol,
-            "language_model": LanguageModelResource.from_site(site, **cache)}
+            "language_model": LanguageModelResource.from_site(site, **cache),
+            "power_sampler": PowerSamplerResource.from_site(site)}
 
 
 def build_definitions(duckdb_path: str | None = None, *, automation: bool | None = None,

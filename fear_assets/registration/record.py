@@ -224,6 +224,8 @@ def power_markdown(power: Mapping[str, Any] | None) -> list[str]:
               f"- Not simulated: {'; '.join(f'{k}: {v}' for k, v in power['not_simulated'].items()) or 'none'}",
               f"- Frame effects (D3b, the registered rule per dataset): "
               f"{power.get('frame_parametrisation', {}).get('primary_fits_by_form') or 'not recorded'}",
+              f"- Samplers (simulated datasets; the accelerator path is a recorded change of the registered "
+              f"sampler): {', '.join(f'{k} {v}' for k, v in (power.get('samplers') or {}).items()) or 'not recorded'}",
               "", "| target | frames | rate | MC SE | n | bound | met |", "|---|---|---|---|---|---|---|"]
     for t in power["targets"]:
         rate = "n/a" if t["n"] == 0 else f"{t['rate']:.3f}"

@@ -19,13 +19,15 @@ and frozen, or NUTS from a reference adaptation.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from fear_assets.models.parametrisation import frame_parametrisation
-from fear_assets.simulation.blocks import BlockData
+from fear_assets.simulation.blocks import BlockData, outcome
+from fear_assets.simulation.validation import convergence_counts
 from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES, BatchedNUTS, FrozenHMC, JaxifiedModel,
                                                constrained_fn, jaxified_logdensity)
 
@@ -254,3 +256,81 @@ def frame_form(b: BlockData, rule) -> str | None:
     the joint and H5 models, whose form is fixed): datasets of one design but different forms
     are fitted by different programs, as the nutpie loop fits each in its own form."""
     return frame_parametrisation(b.data, rule) if b.kind == "primary" and rule is not None else None
+
+
+@dataclass
+class BlockFit:
+    """One block of many datasets fitted on the accelerator path (``fit_block``): per reported
+    contrast, each dataset's draws (chains, draws; an extended fit has more); each dataset's
+    divergences per chain and the frame form its program sampled; and one record per compiled
+    program (form, datasets, timings, extensions, step size, trajectory length)."""
+
+    contrasts: dict[str, list[np.ndarray]]
+    divergences: list[np.ndarray]
+    forms: list[str | None]
+    programs: list[dict]
+    tune_s: float = 0.0
+    run_s: float = 0.0
+
+
+def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors, h5_priors, rule, sampler, seed: int,
+              convergence, extension_draws: int, max_extensions: int, log=lambda message: None) -> BlockFit:
+    """The datasets of one block (one design) fitted with the simulation sampler ``sampler``
+    (``settings.simulation_sampler``'s fields; ``target_accept`` where an adaptive candidate
+    has one): one program per frame form the registered ``rule`` picks (the nutpie loop fits
+    each dataset in its form), tuned on the ``pilot`` datasets of that form (ChEES, NUTS; none:
+    the scored ones) or adapted per dataset (the adaptive candidates), and, for the adaptive
+    candidates, extended by ``extension_draws`` up to ``max_extensions`` times while a dataset
+    misses the ``convergence`` rule on a reported contrast (the frozen samplers have no
+    extension: such a fit is kept and flagged, D7). Seeds: ``seed`` tunes, ``seed + 1`` fits,
+    ``seed + 2 + r`` extends."""
+    K = len(datasets)
+    Y = np.stack([outcome(b) for b in datasets])
+    Y_pilot = np.stack([outcome(b) for b in pilot]) if pilot else Y[:0]
+    forms = [frame_form(b, rule) for b in datasets]
+    pilot_forms = [frame_form(b, rule) for b in pilot]
+    adaptive = sampler.algorithm in ADAPTIVE_ALGORITHMS
+    extensions = max_extensions if adaptive else 0
+    contrasts: dict[str, dict[int, np.ndarray]] = {}
+    divergent: dict[int, np.ndarray] = {}
+    programs, tune_s, run_s = [], 0.0, 0.0
+    for form in sorted(set(forms), key=str):
+        idx = [k for k in range(K) if forms[k] == form]
+        prog = block_program(datasets[idx[0]], priors, h5_priors, rule=rule)
+        own_pilot = [j for j in range(len(pilot)) if pilot_forms[j] == form]
+        tuning = Y_pilot[own_pilot] if own_pilot else Y[idx]
+        t = time.perf_counter()
+        tuned = tune(prog, tuning, sampler, seed)
+        tune_s += time.perf_counter() - t
+        fit = fit_batch(tuned, Y[idx], seed + 1, sampler.warmup, sampler.draws)
+        rounds = 0
+        for r in range(extensions):
+            if convergence_counts(contrast_draws(prog, fit["kept"]), convergence,
+                                  fit["divergences"])["datasets_failing_any"] == 0:
+                break
+            fit = extend_batch(tuned, Y[idx], fit, seed + 2 + r, extension_draws)
+            rounds += 1
+        run_s += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
+        for c, x in contrast_draws(prog, fit["kept"]).items():
+            for j, k in enumerate(idx):
+                contrasts.setdefault(c, {})[k] = x[j]
+        for j, k in enumerate(idx):
+            divergent[k] = np.asarray(fit["divergences"])[j]
+        ad = fit.get("adapted")
+        programs.append({
+            "form": form, "datasets": idx, "pilot": own_pilot if not adaptive else [],
+            "timings": fit["timings"], "tune": tuned.timings, "extensions": rounds,
+            "draws_per_chain": int(fit["kept"].shape[2]),
+            "divergences": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
+            "warmup_divergences": (np.asarray(fit["warmup_divergences"]).sum(axis=1).tolist()
+                                   if "warmup_divergences" in fit else None),
+            "leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
+            "step_size": (ad.step_size.tolist() if ad is not None else getattr(tuned.params, "step_size", None)),
+            "trajectory_length": (ad.trajectory_length.tolist() if ad is not None
+                                  else getattr(tuned.params, "trajectory_length", None)),
+            "parameters": int(prog.jm.dim),
+            "dense_block": 0 if ad is None or ad.dense_idx is None else len(ad.dense_idx)})
+        log(f"{datasets[idx[0]].block} (form {form}): {len(idx)} datasets, {rounds} extension(s), "
+            f"run {fit['timings']['run_s']:.1f} s")
+    return BlockFit({c: [v[k] for k in range(K)] for c, v in contrasts.items()}, [divergent[k] for k in range(K)],
+                    forms, programs, tune_s, run_s)

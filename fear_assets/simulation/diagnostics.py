@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.special import ndtri
-from scipy.stats import rankdata
 
 
 def _split(x: np.ndarray) -> np.ndarray:
@@ -17,6 +16,8 @@ def _split(x: np.ndarray) -> np.ndarray:
 
 
 def _z_scale(x: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata  # here: loading the definitions stays free of scipy.stats
+
     r = rankdata(x, method="average").reshape(x.shape)
     return ndtri((r - 3 / 8) / (x.size - 2 * 3 / 8 + 1))
 

@@ -28,19 +28,29 @@ from fear_assets.analysis.controls import control_verdict
 from fear_assets.core.sections import Convergence
 from fear_assets.models.fits import contrast_summary, convergence_problems
 from fear_assets.models.h5_model import H5Priors
-from fear_assets.models.primary_model import Fitter, divergences, frame_form_of, sample
+from fear_assets.models.primary_model import Fitter, Priors, divergences, frame_form_of, sample
+from fear_assets.simulation.accelerated import ADAPTIVE_ALGORITHMS, fit_block
 from fear_assets.simulation.blocks import REPORTED, WITH_PRIMARY, check_blocks, dataset_seed, simulate_blocks
 from fear_assets.simulation.design import SimulatedDesign
 from fear_assets.simulation.generator import PRIMARY_MODEL_BLOCKS, PilotEstimates, scenario_size
 from fear_assets.simulation.models import pilot_residual_sd, residual_sd_exists
+from fear_assets.simulation.sampler_path import ACCELERATOR, NUTPIE_LOOP
 
 __all__ = ["REPORTED", "WITH_PRIMARY", "LABEL_COLUMNS", "Rules", "dataset_seed", "truths", "not_simulated",
-           "fit_dataset", "run_batch"]
+           "fit_dataset", "run_batch", "run_batch_accelerated", "NUTPIE_SAMPLER", "accelerator_sampler"]
 
 #: Stored per contrast; timings stay out so the same inputs give byte-identical batch files.
 LABEL_COLUMNS = ["family", "scenario", "frames", "dataset", "contrast", "truth", "mean", "hdi_low", "hdi_high",
                  "label", "practically_meaningful", "control_passed", "rhat", "ess_bulk", "ess_tail", "divergences",
-                 "converged", "convergence_problems", "frame_parametrisation"]
+                 "converged", "convergence_problems", "frame_parametrisation", "sampler"]
+#: The ``sampler`` of a row fitted by the registered nutpie loop (the accelerator path's:
+#: ``accelerator_sampler``).
+NUTPIE_SAMPLER = NUTPIE_LOOP
+
+
+def accelerator_sampler(algorithm: str) -> str:
+    """The ``sampler`` of a row fitted on the accelerator path under ``algorithm``."""
+    return f"{ACCELERATOR}:{algorithm}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ def not_simulated(est: PilotEstimates, blocks: Sequence[str]) -> dict[str, str]:
 
 def _label_row(family: str, scenario: str, frames: int, dataset: int, contrast: str, truth: float, draws: np.ndarray,
                chains: int, n_divergences: int, rules: Rules, rope: float | None = None,
-               decision=None, frame_form: str | None = None) -> dict:
+               decision=None, frame_form: str | None = None, sampler: str = NUTPIE_SAMPLER) -> dict:
     row = contrast_summary(contrast, draws, chains, rules.hdi_prob, rules.sesoi, rope, divergences=n_divergences)
     if decision is not None:  # gate (c): its own rule on the standardised scale
         row["label"], row["practically_meaningful"] = decision(row["hdi_low"], row["hdi_high"])
@@ -113,7 +123,7 @@ def _label_row(family: str, scenario: str, frames: int, dataset: int, contrast: 
             "label": row["label"], "practically_meaningful": row["practically_meaningful"], "control_passed": passed,
             "rhat": row["rhat"], "ess_bulk": row["ess_bulk"], "ess_tail": row["ess_tail"],
             "divergences": row["divergences"], "converged": not problems,
-            "convergence_problems": "; ".join(problems), "frame_parametrisation": frame_form}
+            "convergence_problems": "; ".join(problems), "frame_parametrisation": frame_form, "sampler": sampler}
 
 
 def fit_dataset(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, rules: Rules, family: str,
@@ -159,3 +169,47 @@ def run_batch(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, rule
         rows += fit_dataset(fitter, design, est, rules, family, scenario, i, master_seed, blocks)
         log(f"{family} {scenario} {design.n_frames} frames: dataset {i} fitted in {time.perf_counter() - t:.1f} s")
     return pd.DataFrame(rows, columns=LABEL_COLUMNS)
+
+
+def run_batch_accelerated(design: SimulatedDesign, est: PilotEstimates, rules: Rules, priors: Priors, frame_rule,
+                          sampler, extension_draws: int, max_extensions: int, family: str, scenario: str,
+                          datasets: range, master_seed: int, log=lambda message: None,
+                          blocks: Sequence[str] = tuple(PRIMARY_MODEL_BLOCKS)) -> tuple[pd.DataFrame, dict]:
+    """One batch on the accelerator path (6.3): the same datasets ``run_batch`` fits (the same
+    seeded outcomes), each block's datasets fitted together under the simulation sampler
+    ``sampler`` (``accelerated.fit_block``: one compiled program per frame form, the registered
+    ``frame_rule`` picking each dataset's form), labelled and judged by the same rules, one row
+    per dataset and reported contrast in ``run_batch``'s order; and, per block, what its
+    programs did (timings, extensions, step sizes). A frozen sampler (ChEES, NUTS) tunes on
+    ``sampler.pilot_datasets`` datasets of the design drawn for tuning only (never scored)."""
+    check_blocks(blocks)
+    truth = truths(scenario, rules, est)
+    n = design.n_frames
+    skip = not_simulated(est, blocks)
+    fixed_sd = priors.fixed_sd if any(b.startswith("control_") for b in blocks) else None
+    simulated = {i: simulate_blocks(design, est, rules, family, scenario, i, master_seed, blocks, fixed_sd, skip)
+                 for i in datasets}
+    # tuning datasets: ids below 0, which no batch scores
+    tuning = range(-int(sampler.pilot_datasets), 0) if sampler.algorithm not in ADAPTIVE_ALGORITHMS else range(0)
+    pilot = {i: simulate_blocks(design, est, rules, family, scenario, i, master_seed, blocks, fixed_sd, skip)
+             for i in tuning}
+    label = accelerator_sampler(sampler.algorithm)
+    present = list(simulated[datasets[0]]) if datasets else []  # simulate_blocks' order, as run_batch
+    rows: dict[int, list[dict]] = {i: [] for i in datasets}
+    programs = {}
+    for block in present:
+        fit = fit_block([simulated[i][block] for i in datasets], [pilot[i][block] for i in tuning], priors,
+                        rules.h5_priors, frame_rule, sampler,
+                        dataset_seed(master_seed, family, scenario, n, datasets[0], "accelerated:" + block),
+                        rules.convergence, extension_draws, max_extensions, log=log)
+        programs[block] = fit.programs
+        for j, i in enumerate(datasets):
+            b = simulated[i][block]
+            form = fit.forms[j] if b.frame_form_reported else None
+            n_div = int(np.sum(fit.divergences[j]))
+            for contrast, draws in fit.contrasts.items():
+                rows[i].append(_label_row(family, scenario, n, i, contrast, truth[contrast], draws[j].reshape(-1),
+                                          int(draws[j].shape[0]), n_div, rules, rope=b.rope, decision=b.decision,
+                                          frame_form=form, sampler=label))
+    table = pd.DataFrame([r for i in datasets for r in rows[i]], columns=LABEL_COLUMNS)
+    return table, programs

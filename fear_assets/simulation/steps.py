@@ -29,7 +29,8 @@ from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import NOT_SIMULATED, PRIMARY_MODEL_BLOCKS, PilotEstimates, pilot_estimates
 from fear_assets.simulation.models import h4_pilot_fit, h5_pilot_estimates, h5_pilot_rows
 from fear_assets.simulation.pilot_scales import judge_note, pilot_judge_sigma, recall_pilot_fit
-from fear_assets.simulation.runner import Rules, run_batch
+from fear_assets.simulation.runner import Rules, run_batch, run_batch_accelerated
+from fear_assets.simulation.sampler_path import ACCELERATOR, NUTPIE_LOOP, SamplerPath
 from fear_assets.simulation.sampling import frame_forms_record
 from fear_assets.simulation.setup import fitter_for, run_key
 from fear_assets.simulation.store import batch_path, parse_batch_key, read_batches, write_batch
@@ -107,6 +108,9 @@ class BatchResult:
     rows: object = None
     seconds: float = 0.0
     compilations: int = 0
+    #: The path the batch was fitted on, why, the sampler's settings and its validation's
+    #: status (``sampler_record``); the accelerator path's programs per block.
+    sampler: dict = dataclasses.field(default_factory=dict)
 
     @property
     def frame_forms(self) -> dict[str, int]:
@@ -148,11 +152,26 @@ def batch_design(view: Registered, est: PilotEstimates, band, frames: int):
                             h5_depth=est.h5_depth, rotations_at=rotations_at)
 
 
+def sampler_record(view: Registered, route: SamplerPath | None) -> dict:
+    """What a batch records of its sampler: the path, why, the settings it ran under (the
+    registered nutpie ``sampler`` of the family's power fits, or ``simulation_sampler``) and
+    the accelerator path's validation status."""
+    if route is None or not route.accelerated:
+        s = view.power_sampler
+        return {"path": NUTPIE_LOOP, "reason": route.reason if route else "the registered sampler",
+                "settings": {"draws": int(s.draws), "tune": int(s.tune), "chains": int(s.chains)},
+                "validation": "not needed (the registered sampler)"}
+    return {"path": ACCELERATOR, "reason": route.reason, "settings": dict(vars(view.simulation_sampler)),
+            "validation": route.validation.as_text()}
+
+
 def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: Path,
-                log: Callable[[str], None] = print) -> BatchResult:
+                log: Callable[[str], None] = print, route: SamplerPath | None = None) -> BatchResult:
     """6.3: one batch of simulated datasets on the registered design at its frame count, each
     fitted under exactly the registered priors; labels, HDIs and every fit's diagnostics go to
-    one Parquet file (atomic). A batch whose file exists is finished and is not refitted."""
+    one Parquet file (atomic). A batch whose file exists is finished and is not refitted.
+    ``route`` (``sampler_path.choose_path``; None: the nutpie loop) says whether the batch's
+    datasets are fitted together on the accelerator path."""
     settings, family_key = view.settings, view.family.key
     path = batch_file(view, power_dir, key, estimates)
     if path.exists():
@@ -162,15 +181,26 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
     datasets = range(batch * size, min(view.power_datasets, (batch + 1) * size))
     est = PilotEstimates.from_dict(json.loads(estimates["estimates_json"].iloc[0]))
     design = batch_design(view, est, DepthBand.parse(estimates["band"].iloc[0]).keys, frames)
-    fitter = fitter_for(settings, family_key)
     t = time.perf_counter()
     reduced = view.power_reduction
     blocks = reduced.blocks if reduced is not None else tuple(PRIMARY_MODEL_BLOCKS)
-    labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
-                       view.master_seed, log=log, blocks=blocks)
+    record = sampler_record(view, route)
+    if route is not None and route.accelerated:
+        labels, programs = run_batch_accelerated(
+            design, est, Rules.from_settings(settings), Priors.from_settings(settings),
+            view.frame_parametrisation, view.simulation_sampler,
+            view.simulation_sampler.extension_draws, view.convergence_remedy.max_extensions,
+            family_key, scenario, datasets, view.master_seed, log=log, blocks=blocks)
+        record["programs"] = programs
+        compilations = sum(len(p) for p in programs.values())
+    else:
+        fitter = fitter_for(settings, family_key)
+        labels = run_batch(fitter, design, est, Rules.from_settings(settings), family_key, scenario, datasets,
+                           view.master_seed, log=log, blocks=blocks)
+        compilations = fitter.compilations
     write_batch(path, labels)
     return BatchResult(path, False, labels, len(datasets), design.rows, round(time.perf_counter() - t, 1),
-                       fitter.compilations)
+                       compilations, record)
 
 
 @dataclass(frozen=True)
@@ -181,6 +211,8 @@ class PowerSummaryResult:
     decision: dict
     demo: bool
     path: Path
+    #: Simulated datasets per sampler (the nutpie loop, the accelerator path's algorithm).
+    samplers: dict = dataclasses.field(default_factory=dict)
 
 
 def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
@@ -203,6 +235,7 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
         raise ValueError(f"no finished power batches under {directory}: materialise power_simulation for "
                          f"family {family_key} first (a backfill over its batch partitions)")
     decision = decide(labels, t, NOT_SIMULATED)
+    samplers = datasets_per_sampler(labels)
     from_targets = label_frequencies_records(labels)
     expected = len(batch_keys_of(settings, family_key))
     what = "REHEARSAL" if view.rehearsal else "DEMO"
@@ -211,6 +244,7 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
                "datasets_fitted": int(labels.groupby(["scenario", "frames"])["dataset"].nunique().sum()),
                "fits_missing_convergence_rule": int((~labels["converged"].astype(bool)).sum()),
                "frame_parametrisation": frame_forms_record(view.frame_parametrisation, labels),
+               "samplers": samplers,
                "fits": int(len(labels)),
                "batches_found": int(len(list(directory.glob('*.parquet')))), "batches_registered": expected,
                **{k: v for k, v in decision.items() if k != "targets"},
@@ -218,7 +252,19 @@ def power_summary(view: Registered, estimates: pd.DataFrame, power_dir: Path,
                "label_frequencies": from_targets}
     path = write_power_section(registration_dir, family_key, section)
     table = pd.DataFrame(decision["targets"]).assign(family=family_key, demo=demo, power_json=str(path))
-    return PowerSummaryResult(table, decision, demo, path)
+    return PowerSummaryResult(table, decision, demo, path, samplers)
+
+
+def datasets_per_sampler(labels: pd.DataFrame) -> dict[str, int]:
+    """The record's count of simulated datasets per sampler (the nutpie loop, or the
+    accelerator path under its algorithm); rows stored before the ``sampler`` column were the
+    nutpie loop's. Pure."""
+    if labels.empty:
+        return {}
+    sampler = labels["sampler"] if "sampler" in labels else pd.Series(None, index=labels.index, dtype=object)
+    keyed = labels.assign(sampler=sampler.fillna(NUTPIE_LOOP))
+    per = keyed.drop_duplicates(["scenario", "frames", "dataset", "sampler"])["sampler"].value_counts()
+    return {str(k): int(v) for k, v in sorted(per.items())}
 
 
 def label_frequencies_records(labels: pd.DataFrame) -> list[dict]:

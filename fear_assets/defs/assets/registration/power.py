@@ -20,6 +20,7 @@ from fear_assets.core.numbers import number
 from fear_assets.defs.modes import GATE_DESCRIPTION, gate_result, gate_severity, md_table, named_metadata
 from fear_assets.defs.partitions import FAMILY_EXPR, all_batches_of_family, all_depths_of_family, batch_parts, \
     family_of_batch, family_partitions, power_partitions
+from fear_assets.defs.resources.power import PowerSamplerResource
 from fear_assets.defs.resources.protocol import ProtocolResource
 from fear_assets.report import plots as report_plots
 from fear_assets.simulation import steps as simulation_steps
@@ -65,16 +66,23 @@ POWER_OP_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {
           op_tags=POWER_OP_TAGS,
           ins={"power_pilot_estimates": dg.AssetIn(partition_mapping=family_of_batch)})
 def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResource,
-                     power_pilot_estimates: pd.DataFrame) -> dg.MaterializeResult:
+                     power_sampler: PowerSamplerResource, power_pilot_estimates: pd.DataFrame) -> dg.MaterializeResult:
     """6.3: one batch of simulated datasets on the registered design at its frame count, each
-    fitted under exactly the registered priors (compiled once per shape and process, data
-    swapped per dataset); labels, HDIs and every fit's R-hat, ESS and divergences go to one
-    Parquet file. A batch whose file exists is finished and is not refitted."""
+    fitted under exactly the registered priors; labels, HDIs and every fit's R-hat, ESS and
+    divergences go to one Parquet file. A batch whose file exists is finished and is not
+    refitted. The path: the registered nutpie loop (compiled once per shape and process, data
+    swapped per dataset), or, where the host's ``power_sampler`` says so (a GPU and a passed
+    validation), the accelerator path (the batch's datasets in one compiled program under the
+    registered ``simulation_sampler``); the metadata names the path, why, its settings and the
+    validation's status."""
 
     family_key, key = batch_parts(context)
     view = protocol.view(family_key)
+    path = simulation_steps.batch_file(view, protocol.output_path("power"), key, power_pilot_estimates)
+    # a finished batch is not refitted, so its path is not asked (JAX stays unloaded)
+    route = None if path.exists() else power_sampler.route(view.simulation_sampler, view.confirmatory)
     batch = simulation_steps.power_batch(view, key, power_pilot_estimates, protocol.output_path("power"),
-                                         log=context.log.info)
+                                         log=context.log.info, route=route)
     if batch.resumed:
         context.log.info(f"{key}: finished earlier ({batch.path}); not refitted")
         return dg.MaterializeResult(metadata=named_metadata(context, {"path": str(batch.path), "resumed": True}))
@@ -86,6 +94,9 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
         "label frequencies (plot)": metadata_image(report_plots.label_frequency_plot(batch.labels),
                                                    "power simulation label frequencies"),
         "labels": md_table(batch.label_counts),
+        "sampler path": f"{batch.sampler['path']} ({batch.sampler['reason']})",
+        "sampler settings": ", ".join(f"{k} {v}" for k, v in batch.sampler["settings"].items()),
+        "accelerator validation": batch.sampler["validation"],
         "demo": view.embedded}))
 
 
@@ -113,6 +124,7 @@ def power_summary(context: dg.AssetExecutionContext, protocol: ProtocolResource,
     return dg.Output(table, metadata=named_metadata(context, {
         "status": decision["status"], "frames": str(decision["frames"]), "demo (not registered)": summary.demo,
         "estimation-only": ", ".join(decision["estimation_only"]) or "none",
+        "datasets per sampler": ", ".join(f"{k} {v}" for k, v in summary.samplers.items()) or "none",
         "joint shortfall source": decision["joint_shortfall_source"] or "none",
         "gates underpowered": decision["gates_underpowered"] if decides else
         "not decided (only the registered, complete simulation decides)",
