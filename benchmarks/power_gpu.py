@@ -595,7 +595,7 @@ def validate(args) -> int:
     sampler = argparse.Namespace(**{**vars(s), "pilot_steps": pilot_steps, "algorithm": algorithm, "chains": chains,
                                     "warmup": warmup, "draws": draws})
     if adaptive:
-        sampler.target_accept = acc.ADAPTIVE_TARGET_ACCEPT
+        sampler.target_accept = args.target_accept or acc.ADAPTIVE_TARGET_ACCEPT
     remedy = settings.fitting.convergence_remedy
     extensions = remedy.max_extensions if adaptive else 0
     keys = [f"d{i}" for i in range(1, depths + 1)]
@@ -892,6 +892,8 @@ def main() -> int:
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")
     v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the section's; 400 for adaptive_hmc)")
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
+    v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default "
+                   "accelerated.ADAPTIVE_TARGET_ACCEPT, 0.9); recorded in the JSON's sampler")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
     v.add_argument("--reference-cache", type=Path, default=ROOT / "data" / "cache" / "power_validation",
                    help="folder keeping each finished reference run and SBC batch, read back by a later validation "
