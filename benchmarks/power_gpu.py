@@ -598,6 +598,12 @@ def validate(args) -> int:
         sampler.target_accept = args.target_accept or acc.ADAPTIVE_TARGET_ACCEPT
     remedy = settings.fitting.convergence_remedy
     extensions = remedy.max_extensions if adaptive else 0
+    if args.sbc_shard:  # only this shard's SBC batches, into the cache (a later validate ranks them all)
+        k, m = (int(x) for x in args.sbc_shard.split("/"))
+        out = _sbc(settings, priors, h5p, sampler, sbc_n, warmup, draws, settings.master_seed,
+                   cache=args.reference_cache, shard=(k, m))
+        print(f"sbc shard {k}/{m}: {json.dumps(out, default=float)}")
+        return 0
     keys = [f"d{i}" for i in range(1, depths + 1)]
     design = simulated_design(settings, keys, keys[-2:] if depths >= 2 else keys, frames, (0.2, 0.2), seed=1)
     est = _validation_estimates()
@@ -755,7 +761,7 @@ def _brief_conv(c: dict) -> str:
 
 
 def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8, partial=None,
-         cache: Path | None = None) -> dict:
+         cache: Path | None = None, shard: tuple[int, int] | None = None) -> dict:
     """SBC of the primary model on a reduced design (5 frames, one depth): ``n`` prior draws
     (PyMC's prior predictive of the registered model), each fitted by the accelerator path in
     batches of ``batch`` datasets (a batch's transition lasts as long as its longest
@@ -765,7 +771,10 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
     with the result on the draws fitted so far (``complete`` False), so a long SBC stopped
     early still leaves its ranks. ``cache``: a folder where every fitted batch is kept (its key:
     the batch's simulated outcomes, the sampler's settings, lengths and seed, and the sampler's
-    source, ``SBC_SOURCES``) and read back, so an SBC of many hours can run in several sittings."""
+    source, ``SBC_SOURCES``) and read back, so an SBC of many hours can run in several sittings.
+    ``shard`` (k, m): fit only batches i with i % m == k into the cache and return their count
+    (no ranks), so m processes (cores, machines sharing the folder) fit one SBC; a run without
+    a shard then reads every batch back and ranks them."""
     import pymc as pm
 
     from fear_assets.simulation import accelerated as acc
@@ -811,7 +820,11 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
 
     code = source_digest(*SBC_SOURCES)
     read_back = 0
+    if shard is not None and cache is None:
+        raise ValueError("an SBC shard keeps its batches in the cache: give --reference-cache")
     for i, lo in enumerate(range(0, n, batch)):
+        if shard is not None and i % shard[1] != shard[0]:
+            continue
         path = None
         if cache is not None:
             key = hashlib.sha256(json.dumps([vars(sampler), warmup, draws, seed + 4 + i, code], sort_keys=True,
@@ -831,8 +844,11 @@ def _sbc(settings, priors, h5p, sampler, n, warmup, draws, seed, batch: int = 8,
         m = min(lo + batch, n)
         print(f"[sbc] {m} of {n} prior draws fitted ({timings['run_s']:.0f} s run, {read_back} batches read "
               f"from the cache)", flush=True)
-        if partial is not None and m < n:
+        if partial is not None and m < n and shard is None:
             partial(result(m))
+    if shard is not None:
+        return {"shard": list(shard), "batches": len(parts), "batches_read_from_cache": read_back,
+                "seconds": time.perf_counter() - t, "fit": dict(timings)}
     return result(n)
 
 
@@ -892,6 +908,8 @@ def main() -> int:
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")
     v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the section's; 400 for adaptive_hmc)")
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
+    v.add_argument("--sbc-shard", help="K/M: fit only SBC batches i with i %% M == K into --reference-cache and "
+                   "stop (M processes share one SBC; a run without it ranks every batch)")
     v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default "
                    "accelerated.ADAPTIVE_TARGET_ACCEPT, 0.9); recorded in the JSON's sampler")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")

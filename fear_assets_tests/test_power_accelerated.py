@@ -248,21 +248,29 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
 
 # Slow (JAX compilations of the SBC's model): run with -m slow before a long SBC.
 @pytest.mark.slow
+def _power_gpu_benchmark(monkeypatch):
+    """benchmarks/power_gpu.py as a module (it reads benchmarks/power.py's estimates)."""
+    import importlib.util
+
+    from fear_assets.core.settings import PROJECT_ROOT
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_power_gpu_sbc", PROJECT_ROOT / "benchmarks" / "power_gpu.py")
+    power_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power_gpu)
+    return power_gpu
+
+
 def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch, tmp_path):
     """An SBC of hundreds of prior draws runs for hours on a CPU: after every batch it hands
     over the ranks of the draws fitted so far (not complete), and those are the first ranks of
     the finished SBC; every batch is kept, so an SBC started again refits nothing it fitted."""
     import argparse
-    import importlib.util
 
-    from fear_assets.core.settings import PROJECT_ROOT
     from fear_assets.models.h5_model import H5Priors
     from fear_assets.models.primary_model import Priors
 
-    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "benchmarks"))  # power_gpu reads benchmarks/power.py's estimates
-    spec = importlib.util.spec_from_file_location("bench_power_gpu_sbc", PROJECT_ROOT / "benchmarks" / "power_gpu.py")
-    power_gpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(power_gpu)
+    power_gpu = _power_gpu_benchmark(monkeypatch)
     sampler = argparse.Namespace(algorithm="adaptive_hmc", chains=2, target_accept=0.9)
     partial = []
     out = power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 30,
@@ -286,6 +294,37 @@ def test_a_long_sbc_leaves_its_ranks_after_every_batch(settings, monkeypatch, tm
     with pytest.raises(AssertionError, match="fitted again"):
         power_gpu._sbc(settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 31,
                        settings.master_seed, batch=2, cache=tmp_path)
+
+
+@pytest.mark.slow
+def test_an_sbc_fitted_in_shards_is_the_sbc_fitted_whole(settings, monkeypatch, tmp_path):
+    """A 500-draw SBC takes hours of one core: shards (``--sbc-shard K/M``) fit disjoint
+    batches into one cache, in parallel processes or on several machines, and a run without a
+    shard ranks them: the same ranks as the SBC fitted in one process, with nothing refitted."""
+    import argparse
+
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Priors
+    from fear_assets.simulation import accelerated
+
+    power_gpu = _power_gpu_benchmark(monkeypatch)
+    sampler = argparse.Namespace(algorithm="adaptive_hmc", chains=2, target_accept=0.9)
+    args = (settings, Priors.from_settings(settings), H5Priors.from_settings(settings), sampler, 4, 20, 30,
+            settings.master_seed)
+    whole = power_gpu._sbc(*args, batch=2, cache=tmp_path / "whole")
+    shards = [power_gpu._sbc(*args, batch=2, cache=tmp_path / "shards", shard=(k, 2)) for k in (0, 1)]
+    assert [(s["shard"], s["batches"], s["batches_read_from_cache"]) for s in shards] == [([0, 2], 1, 0), ([1, 2], 1, 0)]
+    assert len(list((tmp_path / "shards").iterdir())) == 2  # disjoint: one batch file each
+
+    def no_fit(*a, **k):
+        raise AssertionError("a batch a shard fitted was fitted again")
+
+    monkeypatch.setattr(accelerated, "fit_batch", no_fit)
+    joined = power_gpu._sbc(*args, batch=2, cache=tmp_path / "shards")
+    assert joined["batches_read_from_cache"] == 2 and joined["complete"] is True
+    assert joined["ranks"] == whole["ranks"] and joined["min_p"] == whole["min_p"]
+    with pytest.raises(ValueError, match="give --reference-cache"):
+        power_gpu._sbc(*args, batch=2, shard=(0, 2))
 
 
 # Slow (five nutpie runs and two compilations): run with -m slow before a long validation.
