@@ -625,7 +625,7 @@ def validate(args) -> int:
     for block in blocks:
         # one program per frame form the registered rule picks, as power_simulation's accelerator path fits a batch
         bf = acc.fit_block([x[block] for x in sims[:K]], [x[block] for x in sims[K:]], priors, h5p, rule, sampler,
-                           seed, settings.convergence, s.extension_draws, extensions,
+                           seed, settings.convergence, extensions,
                            log=lambda m: print(f"[{time.perf_counter() - t_start:.0f} s] {m}", flush=True))
         short, div, fits, tune_s, run_s = bf.contrasts, bf.divergences, bf.programs, bf.tune_s, bf.run_s
         for f in fits:

@@ -16,7 +16,8 @@ from fear_assets.models.primary_model import Fitter, Priors
 from fear_assets.simulation.blocks import simulate_blocks
 from fear_assets.simulation.design import simulated_design
 from fear_assets.simulation.generator import PilotEstimates
-from fear_assets.simulation.runner import LABEL_COLUMNS, NUTPIE_SAMPLER, Rules, run_batch, run_batch_accelerated
+from fear_assets.simulation.runner import LABEL_COLUMNS, Rules, run_batch, run_batch_accelerated
+from fear_assets.simulation.sampler_path import NUTPIE_LOOP
 
 
 def _estimates() -> PilotEstimates:
@@ -35,7 +36,7 @@ def batch(settings):
     sampler = dataclasses.replace(settings.simulation_sampler, chains=2, warmup=100, draws=250, pilot_datasets=2,
                                   pilot_steps=150)
     args = (design, _estimates(), Rules.from_settings(settings), Priors.from_settings(settings),
-            settings.fitting.frame_parametrisation, sampler, 0, 0, "f", "meaningful", range(3, 6),
+            settings.fitting.frame_parametrisation, sampler, 0, "f", "meaningful", range(3, 6),
             settings.master_seed)
     table, programs = run_batch_accelerated(*args, blocks=("primary",))
     return design, args, table, programs
@@ -75,7 +76,7 @@ def test_the_accelerated_batch_fits_the_datasets_the_nutpie_loop_fits(settings, 
                     rule=settings.fitting.frame_parametrisation)
     loop = run_batch(fitter, design, _estimates(), Rules.from_settings(settings), "f", "meaningful", range(3, 6),
                      settings.master_seed, blocks=("primary",))
-    assert set(loop["sampler"]) == {NUTPIE_SAMPLER}
+    assert set(loop["sampler"]) == {NUTPIE_LOOP}
     assert list(zip(loop["dataset"], loop["contrast"])) == list(zip(table["dataset"], table["contrast"]))
     assert (loop["frame_parametrisation"].to_numpy() == table["frame_parametrisation"].to_numpy()).all()
     sd = (loop["hdi_high"] - loop["hdi_low"]).to_numpy() / 5.15  # a 99% interval spans about 5.15 SDs

@@ -274,13 +274,13 @@ class BlockFit:
 
 
 def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors, h5_priors, rule, sampler, seed: int,
-              convergence, extension_draws: int, max_extensions: int, log=lambda message: None) -> BlockFit:
+              convergence, max_extensions: int, log=lambda message: None) -> BlockFit:
     """The datasets of one block (one design) fitted with the simulation sampler ``sampler``
     (``settings.simulation_sampler``'s fields; ``target_accept`` where an adaptive candidate
     has one): one program per frame form the registered ``rule`` picks (the nutpie loop fits
     each dataset in its form), tuned on the ``pilot`` datasets of that form (ChEES, NUTS; none:
     the scored ones) or adapted per dataset (the adaptive candidates), and, for the adaptive
-    candidates, extended by ``extension_draws`` up to ``max_extensions`` times while a dataset
+    candidates, extended by the sampler's ``extension_draws`` up to ``max_extensions`` times while a dataset
     misses the ``convergence`` rule on a reported contrast (the frozen samplers have no
     extension: such a fit is kept and flagged, D7). Seeds: ``seed`` tunes, ``seed + 1`` fits,
     ``seed + 2 + r`` extends."""
@@ -308,7 +308,7 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
             if convergence_counts(contrast_draws(prog, fit["kept"]), convergence,
                                   fit["divergences"])["datasets_failing_any"] == 0:
                 break
-            fit = extend_batch(tuned, Y[idx], fit, seed + 2 + r, extension_draws)
+            fit = extend_batch(tuned, Y[idx], fit, seed + 2 + r, sampler.extension_draws)
             rounds += 1
         run_s += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
         for c, x in contrast_draws(prog, fit["kept"]).items():

@@ -37,15 +37,12 @@ from fear_assets.simulation.models import pilot_residual_sd, residual_sd_exists
 from fear_assets.simulation.sampler_path import ACCELERATOR, NUTPIE_LOOP
 
 __all__ = ["REPORTED", "WITH_PRIMARY", "LABEL_COLUMNS", "Rules", "dataset_seed", "truths", "not_simulated",
-           "fit_dataset", "run_batch", "run_batch_accelerated", "NUTPIE_SAMPLER", "accelerator_sampler"]
+           "fit_dataset", "run_batch", "run_batch_accelerated", "accelerator_sampler"]
 
 #: Stored per contrast; timings stay out so the same inputs give byte-identical batch files.
 LABEL_COLUMNS = ["family", "scenario", "frames", "dataset", "contrast", "truth", "mean", "hdi_low", "hdi_high",
                  "label", "practically_meaningful", "control_passed", "rhat", "ess_bulk", "ess_tail", "divergences",
                  "converged", "convergence_problems", "frame_parametrisation", "sampler"]
-#: The ``sampler`` of a row fitted by the registered nutpie loop (the accelerator path's:
-#: ``accelerator_sampler``).
-NUTPIE_SAMPLER = NUTPIE_LOOP
 
 
 def accelerator_sampler(algorithm: str) -> str:
@@ -110,7 +107,7 @@ def not_simulated(est: PilotEstimates, blocks: Sequence[str]) -> dict[str, str]:
 
 def _label_row(family: str, scenario: str, frames: int, dataset: int, contrast: str, truth: float, draws: np.ndarray,
                chains: int, n_divergences: int, rules: Rules, rope: float | None = None,
-               decision=None, frame_form: str | None = None, sampler: str = NUTPIE_SAMPLER) -> dict:
+               decision=None, frame_form: str | None = None, sampler: str = NUTPIE_LOOP) -> dict:
     row = contrast_summary(contrast, draws, chains, rules.hdi_prob, rules.sesoi, rope, divergences=n_divergences)
     if decision is not None:  # gate (c): its own rule on the standardised scale
         row["label"], row["practically_meaningful"] = decision(row["hdi_low"], row["hdi_high"])
@@ -172,7 +169,7 @@ def run_batch(fitter: Fitter, design: SimulatedDesign, est: PilotEstimates, rule
 
 
 def run_batch_accelerated(design: SimulatedDesign, est: PilotEstimates, rules: Rules, priors: Priors, frame_rule,
-                          sampler, extension_draws: int, max_extensions: int, family: str, scenario: str,
+                          sampler, max_extensions: int, family: str, scenario: str,
                           datasets: range, master_seed: int, log=lambda message: None,
                           blocks: Sequence[str] = tuple(PRIMARY_MODEL_BLOCKS)) -> tuple[pd.DataFrame, dict]:
     """One batch on the accelerator path (6.3): the same datasets ``run_batch`` fits (the same
@@ -187,21 +184,19 @@ def run_batch_accelerated(design: SimulatedDesign, est: PilotEstimates, rules: R
     n = design.n_frames
     skip = not_simulated(est, blocks)
     fixed_sd = priors.fixed_sd if any(b.startswith("control_") for b in blocks) else None
-    simulated = {i: simulate_blocks(design, est, rules, family, scenario, i, master_seed, blocks, fixed_sd, skip)
-                 for i in datasets}
     # tuning datasets: ids below 0, which no batch scores
     tuning = range(-int(sampler.pilot_datasets), 0) if sampler.algorithm not in ADAPTIVE_ALGORITHMS else range(0)
-    pilot = {i: simulate_blocks(design, est, rules, family, scenario, i, master_seed, blocks, fixed_sd, skip)
-             for i in tuning}
+    simulated = {i: simulate_blocks(design, est, rules, family, scenario, i, master_seed, blocks, fixed_sd, skip)
+                 for i in (*tuning, *datasets)}
     label = accelerator_sampler(sampler.algorithm)
     present = list(simulated[datasets[0]]) if datasets else []  # simulate_blocks' order, as run_batch
     rows: dict[int, list[dict]] = {i: [] for i in datasets}
     programs = {}
     for block in present:
-        fit = fit_block([simulated[i][block] for i in datasets], [pilot[i][block] for i in tuning], priors,
+        fit = fit_block([simulated[i][block] for i in datasets], [simulated[i][block] for i in tuning], priors,
                         rules.h5_priors, frame_rule, sampler,
                         dataset_seed(master_seed, family, scenario, n, datasets[0], "accelerated:" + block),
-                        rules.convergence, extension_draws, max_extensions, log=log)
+                        rules.convergence, max_extensions, log=log)
         programs[block] = fit.programs
         for j, i in enumerate(datasets):
             b = simulated[i][block]

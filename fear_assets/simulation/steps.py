@@ -109,7 +109,7 @@ class BatchResult:
     seconds: float = 0.0
     compilations: int = 0
     #: The path the batch was fitted on, why, the sampler's settings and its validation's
-    #: status (``sampler_record``); the accelerator path's programs per block.
+    #: status (``sampler_record``).
     sampler: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -166,12 +166,13 @@ def sampler_record(view: Registered, route: SamplerPath | None) -> dict:
 
 
 def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: Path,
-                log: Callable[[str], None] = print, route: SamplerPath | None = None) -> BatchResult:
+                log: Callable[[str], None] = print, route: Callable[[], SamplerPath] | None = None) -> BatchResult:
     """6.3: one batch of simulated datasets on the registered design at its frame count, each
     fitted under exactly the registered priors; labels, HDIs and every fit's diagnostics go to
     one Parquet file (atomic). A batch whose file exists is finished and is not refitted.
-    ``route`` (``sampler_path.choose_path``; None: the nutpie loop) says whether the batch's
-    datasets are fitted together on the accelerator path."""
+    ``route`` (None: the nutpie loop) is asked only for a batch to fit (``sampler_path.choose_path``:
+    the host's choice, its GPU and validation) and says whether its datasets are fitted together
+    on the accelerator path."""
     settings, family_key = view.settings, view.family.key
     path = batch_file(view, power_dir, key, estimates)
     if path.exists():
@@ -184,14 +185,13 @@ def power_batch(view: Registered, key: str, estimates: pd.DataFrame, power_dir: 
     t = time.perf_counter()
     reduced = view.power_reduction
     blocks = reduced.blocks if reduced is not None else tuple(PRIMARY_MODEL_BLOCKS)
-    record = sampler_record(view, route)
-    if route is not None and route.accelerated:
+    chosen = route() if route is not None else None
+    record = sampler_record(view, chosen)
+    if chosen is not None and chosen.accelerated:
         labels, programs = run_batch_accelerated(
             design, est, Rules.from_settings(settings), Priors.from_settings(settings),
-            view.frame_parametrisation, view.simulation_sampler,
-            view.simulation_sampler.extension_draws, view.convergence_remedy.max_extensions,
+            view.frame_parametrisation, view.simulation_sampler, view.convergence_remedy.max_extensions,
             family_key, scenario, datasets, view.master_seed, log=log, blocks=blocks)
-        record["programs"] = programs
         compilations = sum(len(p) for p in programs.values())
     else:
         fitter = fitter_for(settings, family_key)

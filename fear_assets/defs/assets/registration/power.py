@@ -78,11 +78,10 @@ def power_simulation(context: dg.AssetExecutionContext, protocol: ProtocolResour
 
     family_key, key = batch_parts(context)
     view = protocol.view(family_key)
-    path = simulation_steps.batch_file(view, protocol.output_path("power"), key, power_pilot_estimates)
-    # a finished batch is not refitted, so its path is not asked (JAX stays unloaded)
-    route = None if path.exists() else power_sampler.route(view.simulation_sampler, view.confirmatory)
-    batch = simulation_steps.power_batch(view, key, power_pilot_estimates, protocol.output_path("power"),
-                                         log=context.log.info, route=route)
+    # asked only for a batch to fit: a finished one is not refitted, and JAX stays unloaded
+    batch = simulation_steps.power_batch(
+        view, key, power_pilot_estimates, protocol.output_path("power"), log=context.log.info,
+        route=lambda: power_sampler.route(view.simulation_sampler, view.confirmatory))
     if batch.resumed:
         context.log.info(f"{key}: finished earlier ({batch.path}); not refitted")
         return dg.MaterializeResult(metadata=named_metadata(context, {"path": str(batch.path), "resumed": True}))
