@@ -14,11 +14,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 python3 -c "import torch, transformers, jax; print('torch', torch.__version__, 'transformers', transformers.__version__, 'jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 uptime | tee -a "$OUT/device.txt"
 GPU_S="${GPU_S:-200}"; POWER_S="${POWER_S:-280}"; CHEES_S="${CHEES_S:-0}"; ADAPTIVE_S="${ADAPTIVE_S:-0}"
-timeout "$GPU_S" python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"
-cp benchmarks/results/gpu.json "$OUT/gpu.json" 2>/dev/null || echo "no gpu.json written"
 python3 -c "import blackjax, flatbuffers, optax; print('blackjax', blackjax.__version__)" | tee -a "$OUT/device.txt"
-timeout "$POWER_S" python3 benchmarks/power_gpu.py run --platform cuda --datasets 16 64 256 \
-  --grad-batches 1 64 256 1024 --adapt 250 --warmup 100 --max-seconds $((POWER_S - 40)) 2>&1 | tee "$OUT/power_gpu.log"
+# A step whose seconds are 0 is off: `timeout 0` would run it without any limit.
+if [ "$GPU_S" -gt 0 ]; then
+  timeout "$GPU_S" python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"
+  cp benchmarks/results/gpu.json "$OUT/gpu.json" 2>/dev/null || echo "no gpu.json written"
+fi
+if [ "$POWER_S" -gt 0 ]; then
+  timeout "$POWER_S" python3 benchmarks/power_gpu.py run --platform "${PLATFORM:-cuda}" --datasets 16 64 256 \
+    --grad-batches 1 64 256 1024 --adapt 250 --warmup 100 --max-seconds $((POWER_S - 40)) 2>&1 | tee "$OUT/power_gpu.log"
+fi
 # Issue 28: the registered simulation sampler (jittered HMC tuned once by ChEES, then frozen,
 # 4 chains a dataset) on the same export; off unless CHEES_S is set (GPU_S + POWER_S + CHEES_S
 # must stay within the device time: e.g. GPU_S=0 POWER_S=200 CHEES_S=280).
@@ -40,11 +45,20 @@ fi
 # Issue 28, every simulated model: each block's registered-size batch on the device with the
 # block-metric candidate, the registered remedy, and item 3(a)'s comparison with the nutpie
 # references the export holds (`benchmarks/power_gpu_blocks.py export` here first; carry
-# .gpu_power_blocks). Off unless BLOCKS_S is set, within the same device-time sum
-# (e.g. GPU_S=0 POWER_S=0 BLOCKS_S=480).
-BLOCKS_S="${BLOCKS_S:-0}"
+# .gpu_power_blocks). Off unless BLOCKS_S is set, within the same device-time sum; BLOCKS_ARGS adds
+# run's options (--blocks primary, --target-accept 0.95). SURVEY_S: a run at short lengths
+# (100 + 100, no extensions) whose seconds per dataset are scaled to the validated lengths, for the
+# blocks a lease cannot fit at full length (SURVEY_ARGS: --blocks ...); it runs first, since its time is
+# bounded and the full-length run's is not. E.g. one lease:
+#   GPU_S=0 POWER_S=0 SURVEY_S=180 SURVEY_ARGS="--blocks recall ... primary" BLOCKS_S=380 BLOCKS_ARGS="--blocks primary"
+BLOCKS_S="${BLOCKS_S:-0}"; SURVEY_S="${SURVEY_S:-0}"
+if [ "$SURVEY_S" -gt 0 ]; then
+  timeout "$SURVEY_S" python3 benchmarks/power_gpu_blocks.py run --platform "${PLATFORM:-cuda}" \
+    --warmup 100 --draws 100 --extensions 0 --max-seconds $((SURVEY_S - 20)) \
+    --json power_gpu_blocks_survey.json ${SURVEY_ARGS:-} 2>&1 | tee "$OUT/power_gpu_blocks_survey.log"
+fi
 if [ "$BLOCKS_S" -gt 0 ]; then
   timeout "$BLOCKS_S" python3 benchmarks/power_gpu_blocks.py run --platform "${PLATFORM:-cuda}" \
-    --max-seconds $((BLOCKS_S - 30)) 2>&1 | tee "$OUT/power_gpu_blocks.log"
+    --max-seconds $((BLOCKS_S - 30)) ${BLOCKS_ARGS:-} 2>&1 | tee "$OUT/power_gpu_blocks.log"
 fi
 ls -la "$OUT"

@@ -32,8 +32,12 @@ the export holds references, item 3(a)'s comparison (``validation.compare_runs``
 labels) with the reference's own convergence beside it. Every block's seconds per dataset summed
 give the simulation's seconds per dataset (every model the reading needs). The JSON
 (``$OUT/power_gpu_blocks.json``, else ``benchmarks/results/``) is rewritten after every block, so
-a killed run keeps what it measured; a block whose projected time would pass ``--max-seconds``
-is skipped and named.
+a killed run keeps what it measured and names the block and phase it was in (``in_progress``); a
+block whose projected time would pass ``--max-seconds`` is skipped and named, an extension round
+that would pass it is not started, and with ``--chunk-draws N`` the draws after the warm-up run in
+chunks of N (the same frozen kernels continued), so a fit stops between chunks at the deadline with
+its draws kept. One program for the warm-up and draws together cannot be stopped: a lease's
+timeout inside it loses the block.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ import power_gpu as pg  # noqa: E402  (numpy and the standard library only at im
 
 ART = ROOT / ".gpu_power_blocks"
 #: What the device may not import (it has none of them): the check of the device run.
+#: Each dataset's warm-up transitions of the candidate, as validated on CPU (`power_gpu.py validate`).
+VALIDATED_WARMUP = 400
 HEAVY = ("pymc", "pytensor", "arviz", "dagster", "duckdb", "pandas", "xarray", "nutpie")
 
 
@@ -176,7 +182,7 @@ def run(args) -> int:
     rule = argparse.Namespace(**top["convergence"])
     s = top["simulation_sampler"]
     chains = args.chains or s["chains"]
-    warmup = args.warmup if args.warmup is not None else 400
+    warmup = args.warmup if args.warmup is not None else VALIDATED_WARMUP
     draws = args.draws or s["draws"]
     extensions = top["max_extensions"] if args.extensions is None else args.extensions
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
@@ -189,7 +195,7 @@ def run(args) -> int:
            "blackjax": __import__("blackjax").__version__, "export": {k: v for k, v in top.items() if k != "per_block"},
            "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
                        "target_accept": args.target_accept, "extensions": extensions,
-                       "extension_draws": top["extension_draws"]},
+                       "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws},
            "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
 
     def save():
@@ -220,32 +226,69 @@ def run(args) -> int:
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][:K].astype(np.float64)
         Y[:V] = arr["Y_validate"][:V]  # the validation datasets exactly as the references saw them
+        # a killed run (a lease's timeout) still says what it was doing and since when
+        res["in_progress"] = {"block": block, "datasets": K, "since_elapsed_s": time.perf_counter() - t_start,
+                              "what": f"warm-up {warmup} + first {args.chunk_draws or draws} draws, one program"}
+        save()
         tm: dict = {}
-        fit = sampler.fit_kept(Y, start, top["master_seed"] + 1, warmup, draws, timings=tm)
+        fit = sampler.fit_kept(Y, start, top["master_seed"] + 1, warmup, args.chunk_draws or draws, timings=tm)
+        draws_cut = None
+        # --chunk-draws: the registered draws in chunks continuing the frozen kernels (the chains are the same
+        # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept
+        while fit["kept"].shape[2] < draws:
+            n = min(args.chunk_draws, draws - fit["kept"].shape[2])
+            # the last chunk's seconds, or the first program's share of them (its warm-up runs as long)
+            last = tm.get("last_chunk_s", tm["run_s"] * args.chunk_draws / (warmup + args.chunk_draws))
+            need = last * n / args.chunk_draws
+            if need > deadline - time.perf_counter():
+                draws_cut = f"{fit['kept'].shape[2]} of {draws} draws: the next chunk's projected {need:.0f} s > " \
+                            f"{deadline - time.perf_counter():.0f} s left"
+                break
+            res["in_progress"].update(what=f"draws {fit['kept'].shape[2]} to {fit['kept'].shape[2] + n}",
+                                      since_elapsed_s=time.perf_counter() - t_start)
+            save()
+            tc: dict = {}
+            fit = sampler.extend(Y, fit, top["master_seed"] + 1000 + fit["kept"].shape[2], n, timings=tc)
+            tm["run_s"], tm["compile_s"], tm["last_chunk_s"] = tm["run_s"] + tc["run_s"], \
+                tm["compile_s"] + tc["compile_s"], tc["run_s"]
+        made = int(fit["kept"].shape[2])
         W, c = arr["contrast_W"], arr["contrast_c"]
 
         def contrast_draws(f):
             h = f["kept"] @ W + c  # (K, chains, draws, contrasts)
             return {name: h[..., j] for j, name in enumerate(m["contrasts"])}
 
-        rounds, ext_s = 0, 0.0
+        # extensions' compile seconds are kept apart: a simulation compiles each shape once per process
+        rounds, ext_s, ext_compile_s, cut = 0, 0.0, 0.0, None
         for r in range(extensions):
             counts = validation.convergence_counts(contrast_draws(fit), rule, fit["divergences"])
             if counts["datasets_failing_any"] == 0:
                 break
+            # a round costs about its draws' share of the first fit; one that would pass the deadline is
+            # not started (recorded), so a device lease ends with this block's figures written
+            need = tm["run_s"] * top["extension_draws"] / (warmup + made)
+            if need > deadline - time.perf_counter():
+                cut = f"round {r + 1} of {extensions} not run: projected {need:.0f} s > " \
+                      f"{deadline - time.perf_counter():.0f} s left"
+                break
             te: dict = {}
             # the whole batch continues (one array); a production batch extends only its failing datasets
             fit = sampler.extend(Y, fit, top["master_seed"] + 2 + r, top["extension_draws"], timings=te)
-            rounds, ext_s = rounds + 1, ext_s + te["compile_s"] + te["run_s"]
+            rounds, ext_s, ext_compile_s = rounds + 1, ext_s + te["run_s"], ext_compile_s + te["compile_s"]
         h = contrast_draws(fit)
         counts = validation.convergence_counts(h, rule, fit["divergences"])
         wall = time.perf_counter() - t
         run_s = tm["run_s"] + ext_s
-        per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + draws + rounds * top["extension_draws"])
+        per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + made + rounds * top["extension_draws"])
         ad = fit["adapted"]
         entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "chains": chains,
                  "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds, "extension_s": ext_s,
+                 "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,
                  "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
+                 # the first fit's seconds scaled to the validated lengths (400 + the registered draws), for a
+                 # run at shorter lengths; extensions are not in it
+                 "s_per_dataset_first_fit_at_validated_lengths": tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
+                 "draws_cut_by_deadline": draws_cut,
                  "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),
                  "draws_per_chain": int(fit["kept"].shape[2]),
                  "divergences_per_dataset": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
@@ -263,6 +306,7 @@ def run(args) -> int:
                                    "reference": m["reference"], "reference_convergence": ref_conv,
                                    "verdict": verdict, "rows": comp["rows"]}
         res["blocks"][block] = entry
+        res.pop("in_progress", None)
         save()
         brief = {k: entry[k] for k in ("compile_s", "run_s", "extensions", "s_per_dataset", "datasets_per_hour")}
         print(f"[{time.perf_counter() - t_start:.0f} s] {block}: {json.dumps(brief, default=float)} failing "
@@ -273,7 +317,9 @@ def run(args) -> int:
     done = res["blocks"]
     if done:
         total = sum(v["s_per_dataset"] for v in done.values())
+        first = sum(v["s_per_dataset_first_fit_at_validated_lengths"] for v in done.values())
         res["all_blocks"] = {"blocks": list(done), "s_per_dataset": total, "datasets_per_hour": 3600.0 / total,
+                             "s_per_dataset_first_fit_at_validated_lengths": first,
                              "complete": len(done) == len(top["blocks"]),
                              "primary_fit_equivalents": (total / done["primary"]["s_per_dataset"]
                                                          if "primary" in done else None)}
@@ -328,6 +374,8 @@ def main() -> int:
     r.add_argument("--target-accept", type=float, default=0.9)
     r.add_argument("--extensions", type=int, help="default: the registered remedy's max_extensions")
     r.add_argument("--max-seconds", type=float, default=300.0)
+    r.add_argument("--chunk-draws", type=int, default=0,
+                   help="draw in chunks of N after the warm-up, stopping between chunks at the deadline (0: one program)")
     r.add_argument("--json", default="power_gpu_blocks.json", help="result file name under $OUT (or benchmarks/results)")
     args = p.parse_args()
     return export(args) if args.cmd == "export" else run(args)

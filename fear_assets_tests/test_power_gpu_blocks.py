@@ -62,3 +62,30 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert v["verdict"]["status"] == expected == res["validation"]["status"]
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("power_gpu_blocks: device=cpu") and f"validation={expected}" in last
+
+    # a lease that runs out: the first block's draws stop between chunks and its failing datasets are not
+    # extended past the deadline (said in its entry, whose figures are written), and the next block is
+    # skipped and named, not started
+    short = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                            "--warmup", "30", "--draws", "30", "--chunk-draws", "10", "--extensions", "2",
+                            "--max-seconds", "0.5",
+                            "--json", "short.json"],
+                           cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert short.returncode == 0, short.stderr[-3000:]
+    cut = json.loads((out / "short.json").read_text())
+    primary = cut["blocks"]["primary"]
+    assert primary["convergence"]["datasets_failing_any"] > 0  # 30 + 30 transitions never meet ESS 400
+    assert primary["draws_per_chain"] == 10 and primary["draws_cut_by_deadline"].startswith("10 of 30 draws")
+    assert primary["extensions"] == 0 and primary["extensions_cut_by_deadline"].startswith("round 1 of 2 not run")
+    assert set(cut["blocks"]) == {"primary"} and cut["skipped"][0].startswith("forced_choice: projected")
+    assert "in_progress" not in cut  # finished blocks leave no marker
+
+    # --chunk-draws: the draws in chunks continuing the warm-up's kernels, all of them when time allows
+    chunked = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                              "--blocks", "forced_choice", "--warmup", "30", "--draws", "30", "--chunk-draws", "10",
+                              "--extensions", "0", "--max-seconds", "600", "--json", "chunked.json"],
+                             cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert chunked.returncode == 0, chunked.stderr[-3000:]
+    fc = json.loads((out / "chunked.json").read_text())["blocks"]["forced_choice"]
+    assert fc["draws_per_chain"] == 30 and fc["draws_cut_by_deadline"] is None
+    assert fc["gradients_per_dataset"] >= fc["chains"] * 60

@@ -454,6 +454,7 @@ class BatchedChEES:
         self.keep = keep if keep is not None else (lambda x: x[idx]) if idx is not None else (lambda x: x)
         self.max_steps = int(max_steps)
         self._run = None
+        self._extend_run = None
 
     def tune(self, Y_pilot: np.ndarray, seed: int, steps: int, chains: int, timings: dict | None = None,
              learning_rate: float = 0.025, initial_step: float = 0.1) -> FrozenHMC:
@@ -953,10 +954,13 @@ class BatchedAdaptiveHMC(BatchedChEES):
         args = (keys, jkey, jnp.asarray(fit["positions"], dtype=dt), jnp.asarray(Y, dtype=dt),
                 jnp.asarray(ad.step_size, dtype=dt), jnp.asarray(ad.trajectory_length, dtype=dt),
                 jnp.asarray(ad.inverse_mass_matrix, dtype=dt), jnp.asarray(chol, dtype=dt))
+        shape = (draws, K, chains, np.shape(Y)[1])
         t = time.perf_counter()
-        run = self._compile(0, draws).lower(*args).compile()
+        # a batch extended twice runs one program (compiled once per shape, as fit_kept's)
+        if self._extend_run is None or self._extend_run[0] != shape:
+            self._extend_run = (shape, self._compile(0, draws).lower(*args).compile())
         t1 = time.perf_counter()
-        kept, div, grads, acc, _, _, _, _, _, last = jax.block_until_ready(run(*args))
+        kept, div, grads, acc, _, _, _, _, _, last = jax.block_until_ready(self._extend_run[1](*args))
         if timings is not None:
             timings["compile_s"], timings["run_s"] = t1 - t, time.perf_counter() - t1
         n0 = fit["kept"].shape[2]
