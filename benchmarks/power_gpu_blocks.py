@@ -289,7 +289,9 @@ def run(args) -> int:
                  # run at shorter lengths; extensions are not in it
                  "s_per_dataset_first_fit_at_validated_lengths": tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
                  "draws_cut_by_deadline": draws_cut,
+                 # every chain runs the batch's longest trajectory of each transition (lockstep)
                  "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),
+                 "batch_leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
                  "draws_per_chain": int(fit["kept"].shape[2]),
                  "divergences_per_dataset": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
                  "step_size": [float(v) for v in ad.step_size],
