@@ -289,9 +289,11 @@ def test_ctrl_c_stops_a_fear_run_that_waits_for_a_slot(home):
         holder = _orphan(instance, holder_process.pid, pool="duckdb")  # the stimuli steps' pool
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "PYTHONFAULTHANDLER": "1"}
+        # A user's terminal delivers Ctrl-C to a run whose SIGINT has its default action. A suite started in
+        # the background by a non-interactive shell ignores SIGINT, and its children would inherit that.
         proc = subprocess.Popen([sys.executable, "-u", "-m", "fear_assets.defs.cli", "run", EMBEDDED, "--through",
                                  "stimuli"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         watchdog = threading.Timer(300, proc.kill)  # a run that never says it waits fails here, not hangs
         watchdog.start()
         seen = []
