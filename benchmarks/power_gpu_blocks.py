@@ -4,6 +4,9 @@ machine WITHOUT PyMC: one export of every block's registered model here, one run
     # here (PyMC, nutpie): every block's log density, K datasets, the nutpie references of V
     nice -n 10 .venv/bin/python benchmarks/power_gpu_blocks.py export --frames 50 --depths 8 \\
         --datasets 32 --validate-datasets 4 --validate-blocks primary
+    # here, if the folder is over what a lease carries (64 MiB with the tree): fewer blocks or datasets
+    .venv/bin/python benchmarks/power_gpu_blocks.py subset --out .gpu_lease --blocks primary probe \\
+        --datasets 32 --whole primary
     # on the device (numpy, scipy, jax, blackjax; the package's pure validation module)
     python benchmarks/power_gpu_blocks.py run --platform cuda --max-seconds 300
 
@@ -161,6 +164,36 @@ def export(args) -> int:
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"exported blocks={len(blocks)} frames={args.frames} depths={args.depths} datasets={args.datasets} "
           f"bytes={size} total_s={time.perf_counter() - t0:.0f} out={out}")
+    return 0
+
+
+# -- subset (here): what a lease can carry ---------------------------------------------------
+def subset(args) -> int:
+    """A copy of an export with only ``--blocks``, each cut to its first ``--datasets`` datasets
+    (blocks named in ``--whole`` keep all of theirs): a lease carries at most 64 MiB with the tree,
+    and a registered-size export of 64 datasets is about 50 MB. The validation datasets, the
+    references and the log densities are copied unchanged."""
+    src, out = Path(args.artefacts), Path(args.out)
+    top = json.loads((src / "manifest.json").read_text())
+    unknown = [b for b in (*args.blocks, *args.whole) if b not in top["blocks"]]
+    if unknown:
+        raise SystemExit(f"--blocks/--whole: {unknown} not in {src}/manifest.json's blocks {top['blocks']}")
+    if out.resolve() == src.resolve():
+        raise SystemExit("--out must be another folder than --artefacts")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps(top, indent=1) + "\n")
+    for block in args.blocks:
+        (out / block).mkdir(exist_ok=True)
+        (out / block / pg.EXPORT_FILE).write_bytes((src / block / pg.EXPORT_FILE).read_bytes())
+        m = json.loads((src / block / "manifest.json").read_text())
+        arr = dict(np.load(src / block / "arrays.npz"))
+        if block not in args.whole:
+            k = max(args.datasets, m["validate_datasets"])  # never fewer than the references compare
+            arr["Y"], m["datasets"] = arr["Y"][:k], m["datasets"][:k]
+        np.savez_compressed(out / block / "arrays.npz", **arr)
+        (out / block / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"subset blocks={len(args.blocks)} bytes={size} out={out}")
     return 0
 
 
@@ -379,8 +412,14 @@ def main() -> int:
     r.add_argument("--chunk-draws", type=int, default=0,
                    help="draw in chunks of N after the warm-up, stopping between chunks at the deadline (0: one program)")
     r.add_argument("--json", default="power_gpu_blocks.json", help="result file name under $OUT (or benchmarks/results)")
+    c = sub.add_parser("subset", help="a copy of an export with fewer blocks or datasets, for a lease's 64 MiB")
+    c.add_argument("--artefacts", default=str(ART))
+    c.add_argument("--out", required=True)
+    c.add_argument("--blocks", nargs="+", required=True)
+    c.add_argument("--datasets", type=int, required=True, help="datasets kept per block (not fewer than its references)")
+    c.add_argument("--whole", nargs="*", default=[], help="blocks that keep every dataset")
     args = p.parse_args()
-    return export(args) if args.cmd == "export" else run(args)
+    return {"export": export, "subset": subset, "run": run}[args.cmd](args)
 
 
 if __name__ == "__main__":

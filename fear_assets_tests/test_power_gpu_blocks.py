@@ -80,6 +80,22 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert set(cut["blocks"]) == {"primary"} and cut["skipped"][0].startswith("forced_choice: projected")
     assert "in_progress" not in cut  # finished blocks leave no marker
 
+    # subset: what a lease carries, blocks cut to fewer datasets but never fewer than their references compare
+    lease = tmp_path / "lease"
+    cut_export = subprocess.run([sys.executable, str(SCRIPT), "subset", "--artefacts", str(art), "--out", str(lease),
+                                 "--blocks", "forced_choice", "primary", "--datasets", "0", "--whole", "forced_choice"],
+                                env=device_env, capture_output=True, text=True, timeout=300)
+    assert cut_export.returncode == 0, cut_export.stderr[-3000:]
+    assert len(json.loads((lease / "forced_choice" / "manifest.json").read_text())["datasets"]) == 2
+    assert len(json.loads((lease / "primary" / "manifest.json").read_text())["datasets"]) == 1
+    on_lease = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(lease), "--platform", "cpu",
+                               "--blocks", "primary", "--warmup", "20", "--draws", "20", "--extensions", "0",
+                               "--json", "lease.json"],
+                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert on_lease.returncode == 0, on_lease.stderr[-3000:]
+    leased = json.loads((out / "lease.json").read_text())["blocks"]["primary"]
+    assert leased["datasets"] == 1 and leased["validation"]["datasets"] == 1
+
     # --chunk-draws: the draws in chunks continuing the warm-up's kernels, all of them when time allows
     chunked = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
                               "--blocks", "forced_choice", "--warmup", "30", "--draws", "30", "--chunk-draws", "10",
