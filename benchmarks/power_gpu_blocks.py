@@ -50,6 +50,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -61,9 +62,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import power_gpu as pg  # noqa: E402  (numpy and the standard library only at import)
 
 ART = ROOT / ".gpu_power_blocks"
-#: What the device may not import (it has none of them): the check of the device run.
 #: Each dataset's warm-up transitions of the candidate, as validated on CPU (`power_gpu.py validate`).
 VALIDATED_WARMUP = 400
+#: What the device may not import (it has none of them): the check of the device run.
 HEAVY = ("pymc", "pytensor", "arviz", "dagster", "duckdb", "pandas", "xarray", "nutpie")
 
 
@@ -183,13 +184,15 @@ def subset(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(top, indent=1) + "\n")
     for block in args.blocks:
+        if block in args.whole:
+            shutil.copytree(src / block, out / block, dirs_exist_ok=True)
+            continue
         (out / block).mkdir(exist_ok=True)
-        (out / block / pg.EXPORT_FILE).write_bytes((src / block / pg.EXPORT_FILE).read_bytes())
+        shutil.copyfile(src / block / pg.EXPORT_FILE, out / block / pg.EXPORT_FILE)
         m = json.loads((src / block / "manifest.json").read_text())
         arr = dict(np.load(src / block / "arrays.npz"))
-        if block not in args.whole:
-            k = max(args.datasets, m["validate_datasets"])  # never fewer than the references compare
-            arr["Y"], m["datasets"] = arr["Y"][:k], m["datasets"][:k]
+        k = max(args.datasets, m["validate_datasets"])  # never fewer than the references compare
+        arr["Y"], m["datasets"] = arr["Y"][:k], m["datasets"][:k]
         np.savez_compressed(out / block / "arrays.npz", **arr)
         (out / block / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -198,6 +201,12 @@ def subset(args) -> int:
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
+def past_deadline(need_s: float, deadline: float) -> str | None:
+    """Why a step projected at ``need_s`` seconds is not started (None: it fits before ``deadline``)."""
+    left = deadline - time.perf_counter()
+    return f"projected {need_s:.0f} s > {left:.0f} s left" if need_s > left else None
+
+
 def run(args) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.max_seconds
@@ -245,9 +254,10 @@ def run(args) -> int:
         K = min(args.datasets or len(m["datasets"]), len(m["datasets"]))
         V = min(m["validate_datasets"], K)
         if per_row_s is not None:
-            est = per_row_s * K * m["rows"] * (warmup + draws * (1 + extensions)) / (warmup + draws)
-            if est > deadline - time.perf_counter():
-                res["skipped"].append(f"{block}: projected {est:.0f} s > {deadline - time.perf_counter():.0f} s left")
+            why = past_deadline(per_row_s * K * m["rows"] * (warmup + draws * (1 + extensions)) / (warmup + draws),
+                                deadline)
+            if why:
+                res["skipped"].append(f"{block}: {why}")
                 save()
                 continue
         t = time.perf_counter()
@@ -267,24 +277,21 @@ def run(args) -> int:
         fit = sampler.fit_kept(Y, start, top["master_seed"] + 1, warmup, args.chunk_draws or draws, timings=tm)
         draws_cut = None
         # --chunk-draws: the registered draws in chunks continuing the frozen kernels (the chains are the same
-        # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept
-        while fit["kept"].shape[2] < draws:
-            n = min(args.chunk_draws, draws - fit["kept"].shape[2])
-            # the last chunk's seconds, or the first program's share of them (its warm-up runs as long)
-            last = tm.get("last_chunk_s", tm["run_s"] * args.chunk_draws / (warmup + args.chunk_draws))
-            need = last * n / args.chunk_draws
-            if need > deadline - time.perf_counter():
-                draws_cut = f"{fit['kept'].shape[2]} of {draws} draws: the next chunk's projected {need:.0f} s > " \
-                            f"{deadline - time.perf_counter():.0f} s left"
+        # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept.
+        # A chunk's seconds: the last chunk's, or the first program's share (its warm-up runs as long).
+        chunk_s = tm["run_s"] * args.chunk_draws / (warmup + args.chunk_draws) if args.chunk_draws else 0.0
+        while (made := int(fit["kept"].shape[2])) < draws:
+            n = min(args.chunk_draws, draws - made)
+            why = past_deadline(chunk_s * n / args.chunk_draws, deadline)
+            if why:
+                draws_cut = f"{made} of {draws} draws: the next chunk's {why}"
                 break
-            res["in_progress"].update(what=f"draws {fit['kept'].shape[2]} to {fit['kept'].shape[2] + n}",
-                                      since_elapsed_s=time.perf_counter() - t_start)
+            res["in_progress"].update(what=f"draws {made} to {made + n}", since_elapsed_s=time.perf_counter() - t_start)
             save()
             tc: dict = {}
-            fit = sampler.extend(Y, fit, top["master_seed"] + 1000 + fit["kept"].shape[2], n, timings=tc)
-            tm["run_s"], tm["compile_s"], tm["last_chunk_s"] = tm["run_s"] + tc["run_s"], \
-                tm["compile_s"] + tc["compile_s"], tc["run_s"]
-        made = int(fit["kept"].shape[2])
+            fit = sampler.extend(Y, fit, top["master_seed"] + 1000 + made, n, timings=tc)
+            tm["run_s"], tm["compile_s"] = tm["run_s"] + tc["run_s"], tm["compile_s"] + tc["compile_s"]
+            chunk_s = tc["run_s"]
         W, c = arr["contrast_W"], arr["contrast_c"]
 
         def contrast_draws(f):
@@ -299,10 +306,9 @@ def run(args) -> int:
                 break
             # a round costs about its draws' share of the first fit; one that would pass the deadline is
             # not started (recorded), so a device lease ends with this block's figures written
-            need = tm["run_s"] * top["extension_draws"] / (warmup + made)
-            if need > deadline - time.perf_counter():
-                cut = f"round {r + 1} of {extensions} not run: projected {need:.0f} s > " \
-                      f"{deadline - time.perf_counter():.0f} s left"
+            why = past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline)
+            if why:
+                cut = f"round {r + 1} of {extensions} not run: {why}"
                 break
             te: dict = {}
             # the whole batch continues (one array); a production batch extends only its failing datasets
@@ -320,7 +326,8 @@ def run(args) -> int:
                  "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
                  # the first fit's seconds scaled to the validated lengths (400 + the registered draws), for a
                  # run at shorter lengths; extensions are not in it
-                 "s_per_dataset_first_fit_at_validated_lengths": tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
+                 "s_per_dataset_first_fit_at_validated_lengths":
+                     tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
                  "draws_cut_by_deadline": draws_cut,
                  # every chain runs the batch's longest trajectory of each transition (lockstep)
                  "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),

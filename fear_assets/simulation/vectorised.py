@@ -454,7 +454,6 @@ class BatchedChEES:
         self.keep = keep if keep is not None else (lambda x: x[idx]) if idx is not None else (lambda x: x)
         self.max_steps = int(max_steps)
         self._run = None
-        self._extend_run = None
 
     def tune(self, Y_pilot: np.ndarray, seed: int, steps: int, chains: int, timings: dict | None = None,
              learning_rate: float = 0.025, initial_step: float = 0.1) -> FrozenHMC:
@@ -762,6 +761,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
         if idx is not None and (idx.size == 0 or idx[0] < 0 or idx[-1] >= self.dim):
             raise ValueError(f"dense_idx must name coordinates 0..{self.dim - 1}, got {dense_idx!r}")
         self.dense_idx = idx
+        self._extend_run = None  # (shape, compiled program) of ``extend``
 
     def _compile(self, warmup: int, draws: int):
         import jax
