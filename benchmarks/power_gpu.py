@@ -46,6 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ART = ROOT / ".gpu_power"
 EXPORT_FILE = "logdensity.jaxexport.gz"
+#: The unregistered candidates with every dataset's own warm-up (``accelerated.ADAPTIVE_ALGORITHMS``,
+#: named here because the device imports neither PyMC nor the package's model modules).
+ADAPTIVE_CANDIDATES = ("adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas", "adaptive_hmc_dense_pooled")
 
 import numpy as np  # noqa: E402
 
@@ -278,12 +281,13 @@ def run(args) -> int:
         _fit = sampler.fit_kept
         sampler.fit_kept = lambda Y, r, seed, warmup, n, target_accept=None, timings=None: {  # noqa: E731
             **_fit(Y, r, seed, warmup, n, timings=timings), "step_size": np.full((len(Y), chains), r.step_size)}
-    elif args.algorithm in ("adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"):
+    elif args.algorithm in ADAPTIVE_CANDIDATES:
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = arr["dense_idx"] if dense_run else None
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=shrink)
+                                         dense_idx=dense, shrink_dense=shrink,
+                                         pool_length=args.algorithm.endswith("_pooled"))
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
@@ -301,7 +305,8 @@ def run(args) -> int:
                           "trajectory_length": getattr(ref, "trajectory_length", None),
                           "dense": args.dense or dense_run,
                           "dense_block_size": int(len(dense)) if dense_run else None,
-                          "dense_shrinkage": "oas" if shrink else None}
+                          "dense_shrinkage": "oas" if shrink else None,
+                          "trajectory_length_pooled": args.algorithm.endswith("_pooled")}
     save("c_reference")
 
     # (d) many datasets at once
@@ -874,14 +879,15 @@ def main() -> int:
     r.add_argument("--draws", type=int, help="default: the registered sampler draws (manifest)")
     r.add_argument("--target-accept", type=float, default=0.8)
     r.add_argument("--dense", action="store_true", help="dense mass matrix (default diagonal)")
-    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", "adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"],
+    r.add_argument("--algorithm", choices=["nuts", "chees_hmc", *ADAPTIVE_CANDIDATES],
                    default="nuts",
                    help="nuts: reference window adaptation, then NUTS per dataset; chees_hmc: jittered fixed-length "
                         "HMC tuned once by ChEES on --pilot-datasets datasets (--adapt steps), then frozen; "
                         "adaptive_hmc: jittered HMC with every dataset's own warm-up (--warmup steps; "
                         "--target-accept 0.9 as validated); adaptive_hmc_dense: the same with a mass matrix dense "
                         "on the global parameters, diagonal on the unit intercepts; adaptive_hmc_dense_oas: that dense "
-                        "block shrunk towards its diagonal (OAS)")
+                        "block shrunk towards its diagonal (OAS); adaptive_hmc_dense_pooled: the block metric with one "
+                        "trajectory length for the batch (ChEES averaged over every dataset)")
     r.add_argument("--pilot-datasets", type=int, default=8)
     r.add_argument("--json", default="power_gpu.json", help="result file name under $OUT (or benchmarks/results)")
     r.add_argument("--chains", type=int, help="chains per dataset (default: the registered sampler's, manifest)")
@@ -897,12 +903,12 @@ def main() -> int:
     v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
-    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", "adaptive_hmc", "adaptive_hmc_dense",
-                                           "adaptive_hmc_dense_oas"],
+    v.add_argument("--algorithm", choices=["chees_hmc", "nuts", *ADAPTIVE_CANDIDATES],
                    help="default: the registered simulation_sampler's; adaptive_hmc: the candidate with every "
                         "dataset's own warm-up (not registered); adaptive_hmc_dense: the same with a mass matrix "
                         "dense on the global parameters, diagonal on the unit intercepts; adaptive_hmc_dense_oas: "
-                        "that dense block shrunk towards its diagonal (OAS)")
+                        "that dense block shrunk towards its diagonal (OAS); adaptive_hmc_dense_pooled: the block "
+                        "metric with one trajectory length for the batch")
     v.add_argument("--reference-draws", type=int, help="the long nutpie run's draws per chain (4 chains, 1,000 "
                                                         "tuning; default 4,000, 1,000 with --quick)")
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")

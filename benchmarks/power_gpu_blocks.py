@@ -264,7 +264,8 @@ def run(args) -> int:
         ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
         dense = arr["dense_idx"] if args.algorithm.startswith("adaptive_hmc_dense") else None
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"))
+                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"),
+                                         pool_length=args.algorithm.endswith("_pooled"))
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][:K].astype(np.float64)
@@ -347,6 +348,11 @@ def run(args) -> int:
             entry["validation"] = {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V,
                                    "reference": m["reference"], "reference_convergence": ref_conv,
                                    "verdict": verdict, "rows": comp["rows"]}
+        if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
+            Path(args.save_draws).mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **h, step_size=ad.step_size,
+                                trajectory_length=ad.trajectory_length, divergences=np.asarray(fit["divergences"]),
+                                failing=np.asarray(counts["failing"]))
         res["blocks"][block] = entry
         res.pop("in_progress", None)
         save()
@@ -408,7 +414,7 @@ def main() -> int:
     r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
     r.add_argument("--blocks", nargs="*", help="default: every exported block")
     r.add_argument("--datasets", type=int, help="datasets per block (default: every exported one)")
-    r.add_argument("--algorithm", choices=["adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"],
+    r.add_argument("--algorithm", choices=pg.ADAPTIVE_CANDIDATES,
                    default="adaptive_hmc_dense")
     r.add_argument("--chains", type=int, help="default: the simulation_sampler section's")
     r.add_argument("--warmup", type=int, help="per dataset (default 400, as validated on CPU)")
@@ -418,6 +424,7 @@ def main() -> int:
     r.add_argument("--max-seconds", type=float, default=300.0)
     r.add_argument("--chunk-draws", type=int, default=0,
                    help="draw in chunks of N after the warm-up, stopping between chunks at the deadline (0: one program)")
+    r.add_argument("--save-draws", help="a folder: each block's contrast draws per chain and adapted kernels (.npz)")
     r.add_argument("--json", default="power_gpu_blocks.json", help="result file name under $OUT (or benchmarks/results)")
     c = sub.add_parser("subset", help="a copy of an export with fewer blocks or datasets, for a lease's 64 MiB")
     c.add_argument("--artefacts", default=str(ART))

@@ -75,6 +75,34 @@ def test_an_extension_continues_every_chain_with_its_adapted_kernel(adaptive_fit
     assert ext["gradients"][0, 0] > fit["gradients"][0, 0]
 
 
+def test_a_pooled_length_is_one_trajectory_length_for_the_batch_and_each_dataset_keeps_its_own_kernel():
+    """``pool_length``: the ChEES criterion averaged over every dataset gives the batch ONE
+    trajectory length (in each dataset's whitened units), while step sizes and mass matrices
+    stay per dataset; every dataset, 80 times apart in scale, still recovers its posterior."""
+    from fear_assets.simulation.vectorised import BatchedAdaptiveHMC, FrozenHMC
+
+    start = FrozenHMC(0.1, 0.5, np.ones(3), np.random.default_rng(3).uniform(-1, 1, (4, 3)))
+    own = BatchedAdaptiveHMC(_gaussian, 3, np.zeros(3), target_accept=0.8).fit_kept(Y, start, seed=5, warmup=300,
+                                                                                    draws=1000)
+    fit = BatchedAdaptiveHMC(_gaussian, 3, np.zeros(3), target_accept=0.8, pool_length=True).fit_kept(
+        Y, start, seed=5, warmup=300, draws=1000)
+    ad, ad_own = fit["adapted"], own["adapted"]
+    assert np.ptp(ad.trajectory_length) == 0.0, ad.trajectory_length
+    assert np.ptp(ad_own.trajectory_length) > 0.0  # without pooling each dataset has its own
+    # ChEES still lengthens the shared trajectory beyond a few leapfrog steps
+    assert np.all(ad.trajectory_length / ad.step_size > 3), ad.trajectory_length / ad.step_size
+    scales = np.exp(Y[:, 3])[:, None] * SHAPE
+    np.testing.assert_allclose(ad.inverse_mass_matrix / scales ** 2, 1.0, rtol=0.6)
+    assert ad.step_size.max() / ad.step_size.min() < 3  # per dataset, in whitened units
+    assert fit["divergences"].sum() == 0
+    for k in range(3):
+        for j in range(3):
+            x = fit["kept"][k, :, :, j]
+            assert abs(x.mean() - Y[k, j]) / dg.mcse_mean(x) < 4.5, (k, j)
+            assert abs(x.std(ddof=1) - scales[k, j]) / dg.mcse_sd(x) < 4.5, (k, j)
+            assert dg.rhat(x) < 1.01 and dg.ess_bulk(x) > 400, (k, j)
+
+
 @pytest.mark.parametrize("steps", [0, 19, 100, 200, 400, 1000])
 def test_stan_windows_have_slow_windows_between_fast_buffers(steps):
     slow, end = stan_windows(steps)

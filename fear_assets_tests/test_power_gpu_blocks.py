@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fear_assets.core.settings import PROJECT_ROOT
@@ -99,9 +100,18 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     # --chunk-draws: the draws in chunks continuing the warm-up's kernels, all of them when time allows
     chunked = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
                               "--blocks", "forced_choice", "--warmup", "30", "--draws", "30", "--chunk-draws", "10",
-                              "--extensions", "0", "--max-seconds", "600", "--json", "chunked.json"],
+                              "--extensions", "0", "--max-seconds", "600", "--json", "chunked.json",
+                              # the pooled candidate, and every chain's draws kept for a diagnosis
+                              "--algorithm", "adaptive_hmc_dense_pooled", "--save-draws", str(tmp_path / "draws")],
                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert chunked.returncode == 0, chunked.stderr[-3000:]
-    fc = json.loads((out / "chunked.json").read_text())["blocks"]["forced_choice"]
+    chunked_res = json.loads((out / "chunked.json").read_text())
+    fc = chunked_res["blocks"]["forced_choice"]
+    assert chunked_res["sampler"]["algorithm"] == "adaptive_hmc_dense_pooled"
     assert fc["draws_per_chain"] == 30 and fc["draws_cut_by_deadline"] is None
+    saved = np.load(tmp_path / "draws" / "forced_choice.npz")
+    contrasts = json.loads((art / "forced_choice" / "manifest.json").read_text())["contrasts"]
+    assert all(saved[c].shape == (fc["datasets"], fc["chains"], 30) for c in contrasts)
+    np.testing.assert_array_equal(saved["trajectory_length"], fc["trajectory_length"])
+    assert saved["failing"].tolist() == fc["convergence"]["failing"]
     assert fc["gradients_per_dataset"] >= fc["chains"] * 60

@@ -39,6 +39,14 @@ def small(power_gpu, tmp_path_factory):
     return out
 
 
+def test_the_device_scripts_offer_every_candidate_the_package_fits(power_gpu):
+    """The device imports no model module, so its scripts name the candidates themselves: a
+    candidate added to the package (``accelerated.ADAPTIVE_ALGORITHMS``) must be runnable there."""
+    from fear_assets.simulation import accelerated
+
+    assert set(power_gpu.ADAPTIVE_CANDIDATES) == set(accelerated.ADAPTIVE_ALGORITHMS)
+
+
 def _model(settings):
     sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
     from power import datasets
@@ -151,7 +159,8 @@ def test_the_device_run_refuses_an_export_without_the_dense_coordinates(power_gp
 # Slow (the accelerator script run end to end on CPU, JAX compilations included). It guards that script: run it with
 # -m slow before a device session; the export's log density and NUTS steps stay in the default run.
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas"])
+@pytest.mark.parametrize("algorithm", ["nuts", "adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas",
+                                       "adaptive_hmc_dense_pooled"])
 def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, algorithm):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
@@ -177,6 +186,7 @@ def test_device_run_works_without_pymc_arviz_or_the_package(small, tmp_path, alg
     dense_run = algorithm.startswith("adaptive_hmc_dense")
     assert res["c_reference"]["dense_block_size"] == (len(dense) if dense_run else None)
     assert res["c_reference"]["dense_shrinkage"] == ("oas" if algorithm == "adaptive_hmc_dense_oas" else None)
+    assert res["c_reference"]["trajectory_length_pooled"] == (algorithm == "adaptive_hmc_dense_pooled")
     if algorithm != "nuts":
         assert "e_reference_hdi" not in res
         return

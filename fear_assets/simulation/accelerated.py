@@ -44,8 +44,13 @@ ADAPTIVE_DENSE = "adaptive_hmc_dense"
 #: The same with the dense block shrunk towards its diagonal (``vectorised.oas_towards_diagonal``):
 #: a block of hundreds of coordinates estimated from a warm-up window. Not registered either.
 ADAPTIVE_DENSE_OAS = "adaptive_hmc_dense_oas"
-DENSE_ALGORITHMS = (ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS)
-ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS)
+#: The block metric with one trajectory length for the batch (``pool_length``): the ChEES
+#: criterion averaged over every dataset, each dataset keeping its own step size and metric. At
+#: the registered size each dataset's own length (from 4 chains) stalled near its start on half
+#: the datasets. Not registered either.
+ADAPTIVE_DENSE_POOLED = "adaptive_hmc_dense_pooled"
+DENSE_ALGORITHMS = (ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS, ADAPTIVE_DENSE_POOLED)
+ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS, ADAPTIVE_DENSE_POOLED)
 #: The value variables on the block metric's diagonal: one standardised intercept per unit
 #: (or document), many, independent a priori given their scale; every other variable is global.
 UNIT_INTERCEPTS = ("z_unit", "z_document")
@@ -191,7 +196,8 @@ def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, k
         dense = dense_block_indices(prog.jm.names, prog.jm.sizes) if s.algorithm in DENSE_ALGORITHMS else None
         sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
                                      target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT),
-                                     dense_idx=dense, shrink_dense=s.algorithm == ADAPTIVE_DENSE_OAS)
+                                     dense_idx=dense, shrink_dense=s.algorithm == ADAPTIVE_DENSE_OAS,
+                                     pool_length=s.algorithm == ADAPTIVE_DENSE_POOLED)
         params = FrozenHMC.cold_start(prog.jm.x0, s.chains, seed)
     elif s.algorithm == "chees_hmc":
         sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)

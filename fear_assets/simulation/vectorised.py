@@ -747,15 +747,19 @@ class BatchedAdaptiveHMC(BatchedChEES):
     ``block_metric``); with ``shrink_dense``, each window's dense estimate is shrunk towards its
     diagonal first (``oas_towards_diagonal``). L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
     the whitened form of BlackJAX's ``chees_adaptation``) ascended by Adam in log L on
-    dataset k's chains, its running average kept. ``tune`` (the parent's ChEES on pilot datasets)
+    dataset k's chains, its running average kept; with ``pool_length``, one L for the batch:
+    the criterion's gradient averaged over every dataset (each centred on its own chains, in its
+    own whitened frame, where datasets of one design have a similar shape), so the length rests
+    on K x chains chains rather than one dataset's few (ChEES's estimate from 4 chains is noisy,
+    and at the registered size it stalled near its start on half the datasets). ``tune`` (the parent's ChEES on pilot datasets)
     gives only where the warm-up starts: the chains' positions, eps, L and M."""
 
     def __init__(self, logdensity: Callable, dim: int, x0: np.ndarray, keep_idx: np.ndarray | None = None,
                  keep: Callable | None = None, float32: bool = False, max_steps: int = 1024,
                  target_accept: float = 0.8, learning_rate: float = 0.025, dense_idx: Sequence[int] | None = None,
-                 shrink_dense: bool = False):
+                 shrink_dense: bool = False, pool_length: bool = False):
         super().__init__(logdensity, dim, x0, keep_idx, keep, float32, max_steps)
-        self.shrink_dense = bool(shrink_dense)
+        self.shrink_dense, self.pool_length = bool(shrink_dense), bool(pool_length)
         self.target_accept, self.learning_rate = float(target_accept), float(learning_rate)
         idx = None if dense_idx is None else np.unique(np.asarray(dense_idx, dtype=np.int64))
         if idx is not None and (idx.size == 0 or idx[0] < 0 or idx[-1] >= self.dim):
@@ -774,7 +778,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
         target, lr = self.target_accept, self.learning_rate
         da_init0, da_update, da_final = dual_averaging_adaptation(target)
         idx = None if self.dense_idx is None else jnp.asarray(self.dense_idx)
-        shrink = self.shrink_dense
+        shrink, pool = self.shrink_dense, self.pool_length
 
         def da_init(eps):  # one averaging per dataset: every field a (K,) vector but the step count
             st = da_init0(eps)
@@ -846,10 +850,15 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 g_chain = ((pc ** 2).sum(-1) - (ic ** 2).sum(-1)) * (pc * vel).sum(-1)
                 g = u * length * (w * g_chain).sum(1) / (w.sum(1) + 1e-20)
                 g = jnp.where(jnp.isfinite(g), g, 0.0)
+                if pool:  # one length for the batch: every dataset's criterion gradient averaged
+                    g = jnp.broadcast_to(g.mean(), g.shape)
                 adam_m = b1 * adam_m + (1 - b1) * g
                 adam_v = b2 * adam_v + (1 - b2) * g ** 2
                 upd = lr * (adam_m / (1 - b1 ** t)) / (jnp.sqrt(adam_v / (1 - b2 ** t)) + 1e-8)
-                log_l = jnp.clip(log_l + jnp.clip(upd, -clip, clip), jnp.log(eps), jnp.log(max_steps * eps))
+                lo, hi = jnp.log(eps), jnp.log(max_steps * eps)
+                if pool:  # one length, kept within the batch's widest range: a dataset whose own range it
+                    lo, hi = lo.min(), hi.max()  # leaves runs 1 or max_steps leapfrog steps (``transition``)
+                log_l = jnp.clip(log_l + jnp.clip(upd, -clip, clip), lo, hi)
                 weight = t ** -0.5
                 ma_l = (1 - weight) * ma_l + weight * log_l
                 # the slow windows' pooled moments per dataset
