@@ -50,6 +50,14 @@ EXPORT_FILE = "logdensity.jaxexport.gz"
 #: named here because the device imports neither PyMC nor the package's model modules).
 ADAPTIVE_CANDIDATES = ("adaptive_hmc", "adaptive_hmc_dense", "adaptive_hmc_dense_oas", "adaptive_hmc_dense_pooled")
 
+
+def candidate_options(algorithm: str) -> dict:
+    """What a candidate's name selects in ``BatchedAdaptiveHMC``, as ``accelerated.tune`` selects it:
+    the block metric (``dense``: the export's ``dense_idx``), its shrinkage, one length for the batch."""
+    return {"dense": algorithm.startswith("adaptive_hmc_dense"), "shrink_dense": algorithm.endswith("_oas"),
+            "pool_length": algorithm.endswith("_pooled")}
+
+
 import numpy as np  # noqa: E402
 
 
@@ -190,7 +198,8 @@ def run(args) -> int:
     manifest = json.loads((art / "manifest.json").read_text())
     arr = np.load(art / "arrays.npz")
     # adaptive_hmc_dense[_oas]: the block metric, dense on the export's dense_idx; _oas: shrunk (OAS)
-    dense_run, shrink = args.algorithm.startswith("adaptive_hmc_dense"), args.algorithm.endswith("_oas")
+    opts = candidate_options(args.algorithm)
+    dense_run, shrink = opts["dense"], opts["shrink_dense"]
     if dense_run and "dense_idx" not in arr.files:
         raise SystemExit(f"{art / 'arrays.npz'}: no dense_idx, which --algorithm {args.algorithm} needs (an export "
                          f"older than the block metric); export again with `benchmarks/power_gpu.py export`")
@@ -286,8 +295,7 @@ def run(args) -> int:
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = arr["dense_idx"] if dense_run else None
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=shrink,
-                                         pool_length=args.algorithm.endswith("_pooled"))
+                                         dense_idx=dense, shrink_dense=shrink, pool_length=opts["pool_length"])
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
@@ -306,7 +314,7 @@ def run(args) -> int:
                           "dense": args.dense or dense_run,
                           "dense_block_size": int(len(dense)) if dense_run else None,
                           "dense_shrinkage": "oas" if shrink else None,
-                          "trajectory_length_pooled": args.algorithm.endswith("_pooled")}
+                          "trajectory_length_pooled": opts["pool_length"]}
     save("c_reference")
 
     # (d) many datasets at once

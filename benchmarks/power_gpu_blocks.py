@@ -262,10 +262,10 @@ def run(args) -> int:
                 continue
         t = time.perf_counter()
         ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
-        dense = arr["dense_idx"] if args.algorithm.startswith("adaptive_hmc_dense") else None
+        opts = pg.candidate_options(args.algorithm)
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=args.algorithm.endswith("_oas"),
-                                         pool_length=args.algorithm.endswith("_pooled"))
+                                         dense_idx=arr["dense_idx"] if opts["dense"] else None,
+                                         shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][:K].astype(np.float64)

@@ -41,10 +41,16 @@ def small(power_gpu, tmp_path_factory):
 
 def test_the_device_scripts_offer_every_candidate_the_package_fits(power_gpu):
     """The device imports no model module, so its scripts name the candidates themselves: a
-    candidate added to the package (``accelerated.ADAPTIVE_ALGORITHMS``) must be runnable there."""
+    candidate added to the package (``accelerated.ADAPTIVE_ALGORITHMS``) must be runnable there,
+    with the same sampler options."""
     from fear_assets.simulation import accelerated
 
     assert set(power_gpu.ADAPTIVE_CANDIDATES) == set(accelerated.ADAPTIVE_ALGORITHMS)
+    # and each name selects on the device the sampler options it selects in the package (accelerated.tune)
+    for name in accelerated.ADAPTIVE_ALGORITHMS:
+        assert power_gpu.candidate_options(name) == {"dense": name in accelerated.DENSE_ALGORITHMS,
+                                                     "shrink_dense": name == accelerated.ADAPTIVE_DENSE_OAS,
+                                                     "pool_length": name == accelerated.ADAPTIVE_DENSE_POOLED}, name
 
 
 def _model(settings):
