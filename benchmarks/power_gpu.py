@@ -692,7 +692,7 @@ def validate(args) -> int:
                         "divergences": int(sum(np.asarray(d).sum() for d in div))}
         print(f"[{time.perf_counter() - t_start:.0f} s] {block}: {json.dumps(speed[block], default=float)[:600]}",
               flush=True)
-    comp = validation.compare_runs(short_all, long_all, settings.decision.hdi_prob, ropes)
+    comp = validation.compare_runs(short_all, long_all, settings.decision.hdi_prob, ropes, seed)
     res["comparison"] = {k: v for k, v in comp.items() if k != "rows"}
     res["comparison_rows"] = comp["rows"]
     res["convergence"] = conv

@@ -168,6 +168,169 @@ def export(args) -> int:
     return 0
 
 
+# -- references and the null check (need PyMC and nutpie) ----------------------------------------
+class Exported:
+    """One block of an export with what drew its datasets (the export's manifest, the current
+    settings): ``dataset(j)`` draws its j-th dataset again and checks it equals the exported one."""
+
+    def __init__(self, artefacts: Path, block: str):
+        sys.path.insert(0, str(ROOT))
+        from fear_assets.core.settings import load_settings
+        from fear_assets.models.h5_model import H5Priors
+        from fear_assets.models.primary_model import Priors
+        from fear_assets.simulation.design import simulated_design
+        from fear_assets.simulation.runner import Rules
+
+        self.art, self.block = Path(artefacts), block
+        self.top = json.loads((self.art / "manifest.json").read_text())
+        self.dir = self.art / block
+        if not (self.dir / "manifest.json").exists():
+            raise SystemExit(f"--block {block}: no {self.dir}/manifest.json; exported blocks: {self.top['blocks']}")
+        self.m = json.loads((self.dir / "manifest.json").read_text())
+        self.arr = dict(np.load(self.dir / "arrays.npz"))
+        self.settings = settings = load_settings()
+        if settings.sha256 != self.top["settings_sha256"]:
+            raise SystemExit(f"{self.art}/manifest.json: settings_sha256 {self.top['settings_sha256'][:12]} is not the "
+                             f"current settings' {settings.sha256[:12]}: the datasets would differ; export again")
+        self.rules, self.priors = Rules.from_settings(settings), Priors.from_settings(settings)
+        self.h5p = H5Priors.from_settings(settings)
+        self.rule, self.seed = settings.fitting.frame_parametrisation, settings.master_seed
+        keys = [f"d{i}" for i in range(1, self.top["depths"] + 1)]
+        self.design = simulated_design(settings, keys, keys[-2:] if self.top["depths"] >= 2 else keys,
+                                       self.top["frames"], (0.2, 0.2), seed=1)
+        self.est = pg._validation_estimates()
+
+    def dataset(self, j: int):
+        from fear_assets.simulation import accelerated as acc
+        from fear_assets.simulation.blocks import outcome, simulate_blocks
+
+        k = self.m["datasets"][j]
+        drawn = tuple(dict.fromkeys(("primary", self.block)))
+        b = simulate_blocks(self.design, self.est, self.rules, "device", self.top["scenario"], k, self.seed, drawn,
+                            self.priors.fixed_sd)[self.block]
+        if acc.frame_form(b, self.rule) != self.m["frame_form"] or not np.array_equal(
+                outcome(b).astype(np.float32), self.arr["Y"][j]):
+            raise SystemExit(f"{self.dir}/arrays.npz: dataset {k} drawn again differs from the exported one (the code "
+                             f"that draws datasets changed since the export): export again")
+        return b
+
+
+def references(args) -> int:
+    """More nutpie references for one block of an existing export, up to ``--datasets``: item
+    3(a) asks for at least 64 datasets per scenario, and a registered-size reference runs for
+    minutes, so this runs in many sittings. The block's datasets are drawn again from the export's
+    manifest (their seeds depend only on it) and must equal the exported outcomes; each attempt is
+    kept in ``--reference-cache`` and ``arrays.npz`` is rewritten (whole, then renamed) after every
+    dataset, so a stopped run loses at most the dataset it was fitting."""
+    from fear_assets.models.primary_model import Fitter
+    from fear_assets.simulation.blocks import outcome
+
+    t0 = time.perf_counter()
+    ex = Exported(Path(args.artefacts), args.block)
+    m, arr, d = ex.m, ex.arr, ex.dir
+    V0, n = int(m["validate_datasets"]), int(args.datasets)
+    if n > len(m["datasets"]):
+        raise SystemExit(f"--datasets {n}: the export holds {len(m['datasets'])} datasets of block {args.block}")
+    if V0 and m["reference"]["draws"] != args.reference_draws:
+        raise SystemExit(f"--reference-draws {args.reference_draws}: the export's references have "
+                         f"{m['reference']['draws']}; give that")
+    ref_fitter = Fitter(ex.priors, args.reference_draws, 1000, 4, rule=ex.rule)
+    attempts = list((m["reference"] or {}).get("attempts", []))
+    print(f"[0 s] {args.block}: {V0} references, extending to {n}", flush=True)
+    for j in range(V0, n):
+        k = m["datasets"][j]
+        b = ex.dataset(j)
+        draws, divergent, tried = pg.converged_reference(
+            b, ref_fitter, ex.priors, ex.h5p, args.reference_draws, ex.seed + 7 + k, ex.settings.convergence,
+            cache=args.reference_cache,
+            log=lambda msg, k=k: print(f"[{time.perf_counter() - t0:.0f} s] dataset {k}: {msg}", flush=True))
+        arr["Y_validate"] = np.concatenate([arr["Y_validate"][:j], outcome(b)[None].astype(np.float64)])
+        arr["reference_divergences"] = np.append(arr["reference_divergences"][:j], divergent).astype(np.int64)
+        for name in m["contrasts"]:
+            x = np.asarray(draws[name], dtype=np.float64).reshape(1, 4, args.reference_draws)
+            arr[f"reference_{name}"] = np.concatenate([arr[f"reference_{name}"][:j], x]) if j else x
+        attempts.append(tried)
+        m["validate_datasets"] = j + 1
+        m["reference"] = {"sampler": "nutpie, the registered model (Fitter, the registered frame rule)", "chains": 4,
+                          "tune": 1000, "draws": args.reference_draws, "attempts": attempts}
+        tmp = d / "arrays.tmp.npz"
+        np.savez_compressed(tmp, **arr)
+        os.replace(tmp, d / "arrays.npz")
+        (d / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+        print(f"[{time.perf_counter() - t0:.0f} s] {args.block}: reference {j + 1} of {n} kept", flush=True)
+    ex.top["per_block"][args.block]["validate_datasets"] = int(m["validate_datasets"])
+    (ex.art / "manifest.json").write_text(json.dumps(ex.top, indent=1) + "\n")
+    print(f"references block={args.block} validate_datasets={m['validate_datasets']} "
+          f"total_s={time.perf_counter() - t0:.0f}")
+    return 0
+
+
+def null(args) -> int:
+    """The comparison's false-alarm check: the registered sampler (nutpie) itself, run again at the
+    candidate's length (4 chains x ``--draws`` after 1,000 tuning steps) with new seeds, against the
+    export's references, scored by ``validation.compare_runs``. Both runs are correct, so every z is
+    about N(0, 1): the JSON gives the SD and largest |z| per statistic and whether the rule passed.
+    Beside it, the endpoints' z with a quantile's MCSE at the endpoint's share (the estimator before
+    2026-12-05), to show what the bootstrap changes."""
+    from fear_assets.models.primary_model import Fitter
+    from fear_assets.simulation import diagnostics as dg
+    from fear_assets.simulation import validation
+
+    t0 = time.perf_counter()
+    ex = Exported(Path(args.artefacts), args.block)
+    m, arr = ex.m, ex.arr
+    V = min(int(m["validate_datasets"]), args.datasets or int(m["validate_datasets"]))
+    if not V:
+        raise SystemExit(f"{ex.dir}: no references; run `references` first")
+    fitter = Fitter(ex.priors, args.draws, 1000, 4, rule=ex.rule)
+    hdi_prob = ex.top["hdi_prob"]
+    rows, quantile_z, divergences = [], [], []
+    for j in range(V):
+        b = ex.dataset(j)
+        long = {name: arr[f"reference_{name}"][j] for name in m["contrasts"]}
+        for r in range(args.runs):
+            idata = fitter.fit(b.data, ex.seed + 5000 + 100 * r + m["datasets"][j])
+            short = {c: np.asarray(x).reshape(4, -1) for c, x in b.contrasts(idata).items()}
+            divergences.append(int(np.asarray(idata.sample_stats["diverging"]).sum()))
+            comp = validation.compare_runs({c: [short[c]] for c in m["contrasts"]},
+                                           {c: [long[c]] for c in m["contrasts"]}, hdi_prob, m["ropes"],
+                                           ex.seed + r)
+            for row in comp["rows"]:
+                rows.append({**row, "dataset": m["datasets"][j], "run": r})
+                a, c = short[row["contrast"]], long[row["contrast"]]
+                for e, i in (("hdi_low", 0), ("hdi_high", 1)):
+                    ea, ec = dg.hdi(a, hdi_prob)[i], dg.hdi(c, hdi_prob)[i]
+                    quantile_z.append((ea - ec) / np.hypot(dg.mcse_quantile(a, np.mean(a <= ea)),
+                                                           dg.mcse_quantile(c, np.mean(c <= ec))))
+            print(f"[{time.perf_counter() - t0:.0f} s] dataset {m['datasets'][j]} run {r}: max |z| "
+                  f"{comp['max_z']:.2f}, divergences {divergences[-1]}", flush=True)
+    z = {st: np.array([row[f"z_{st}"] for row in rows]) for st in dg.STATISTICS}
+    allz = np.concatenate(list(z.values()))
+    bound = validation.z_bound(allz.size)
+    res = {"what": "nutpie against nutpie: the validation rule's false alarms; benchmarks/power_gpu_blocks.py null",
+           "block": args.block, "datasets": V, "runs_per_dataset": args.runs, "short": {"chains": 4, "tune": 1000,
+                                                                                      "draws": args.draws},
+           "reference_draws": m["reference"]["draws"], "comparisons": int(allz.size), "z_bound": bound,
+           "sd_z": {st: float(v.std()) for st, v in z.items()},
+           "max_abs_z": {st: float(np.abs(v).max()) for st, v in z.items()},
+           "share_abs_z_over_3": {st: float(np.mean(np.abs(v) > 3)) for st, v in z.items()},
+           "passed": bool(np.abs(allz).max() <= bound),
+           "label_flips": int(sum(row["flip"] for row in rows)),
+           "label_flips_not_near_boundary": int(sum(row["flip"] and not row["near_boundary"] for row in rows)),
+           "quantile_mcse_endpoints": {"sd_z": float(np.std(quantile_z)), "max_abs_z": float(np.abs(quantile_z).max()),
+                                       "share_abs_z_over_3": float(np.mean(np.abs(quantile_z) > 3))},
+           "short_divergences": divergences, "rows": rows, "seconds": time.perf_counter() - t0,
+           "load": os.getloadavg()}
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    print(f"null block={args.block} comparisons={res['comparisons']} sd_z_endpoints="
+          f"{res['sd_z']['hdi_low']:.2f},{res['sd_z']['hdi_high']:.2f} max_z={np.abs(allz).max():.2f} "
+          f"bound={bound:.2f} passed={res['passed']} quantile_mcse_sd_z={res['quantile_mcse_endpoints']['sd_z']:.2f} "
+          f"json={out}")
+    return 0
+
+
 # -- subset (here): what a lease can carry ---------------------------------------------------
 def subset(args) -> int:
     """A copy of an export with only ``--blocks``, each cut to its first ``--datasets`` datasets
@@ -201,6 +364,55 @@ def subset(args) -> int:
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
+def scored(h: dict, failing, arr: dict, m: dict, top: dict, V: int) -> dict:
+    """Item 3(a) on a block's first ``V`` datasets: the candidate's contrast draws ``h`` (name ->
+    (K, chains, draws)) against the export's references (``validation.compare_runs``), the
+    references' own convergence, and the verdict (no SBC here: it is ``power_gpu.py validate``'s,
+    so at best "incomplete"). ``failing``: per dataset, whether the candidate missed the rule."""
+    from fear_assets.simulation import validation
+
+    rule = argparse.Namespace(**top["convergence"])
+    long = {name: arr[f"reference_{name}"][:V] for name in m["contrasts"]}
+    comp = validation.compare_runs({n: np.asarray(x)[:V] for n, x in h.items()}, long, top["hdi_prob"], m["ropes"],
+                                   top["master_seed"])
+    ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][:V])
+    verdict = validation.verdict(comp["passed"], int(sum(np.asarray(failing)[:V])), ref_conv["datasets_failing_any"],
+                                 None)
+    return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V, "reference": m["reference"],
+            "reference_convergence": ref_conv, "verdict": verdict, "rows": comp["rows"]}
+
+
+def rescore(args) -> int:
+    """Item 3(a) again on a run's saved draws (``run --save-draws DIR``) against the export's
+    references as they are now (more of them after ``references``, or a changed comparison rule):
+    no sampling, no device. JSON to ``--json``."""
+    sys.path.insert(0, str(ROOT))
+    art, saved = Path(args.artefacts), Path(args.draws)
+    top = json.loads((art / "manifest.json").read_text())
+    res = {"what": "a saved run's draws scored again; benchmarks/power_gpu_blocks.py rescore", "draws": str(saved),
+           "blocks": {}}
+    for path in sorted(saved.glob("*.npz")):
+        block = path.stem
+        m = json.loads((art / block / "manifest.json").read_text())
+        arr = dict(np.load(art / block / "arrays.npz"))
+        d = dict(np.load(path))
+        K = len(d["failing"])
+        V = min(K, int(m["validate_datasets"]))
+        if not V:
+            continue
+        res["blocks"][block] = v = scored({n: d[n] for n in m["contrasts"]}, d["failing"], arr, m, top, V)
+        v["max_z_per_dataset"] = [max(abs(r[f"z_{st}"]) for r in v["rows"] if r["dataset"] == k
+                                      for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in range(V)]
+        print(f"{block}: {V} datasets, max |z| {v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
+              f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
+              f"{v['verdict']['status']}", flush=True)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    print(f"rescore blocks={len(res['blocks'])} json={out}")
+    return 0
+
+
 def past_deadline(need_s: float, deadline: float) -> str | None:
     """Why a step projected at ``need_s`` seconds is not started (None: it fits before ``deadline``)."""
     left = deadline - time.perf_counter()
@@ -339,15 +551,8 @@ def run(args) -> int:
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
         if V:
-            long = {name: arr[f"reference_{name}"][:V] for name in m["contrasts"]}
-            comp = validation.compare_runs({n: x[:V] for n, x in h.items()}, long, top["hdi_prob"], m["ropes"])
-            ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][:V])
-            # no SBC here (it is `power_gpu.py validate`'s): at best "incomplete"
-            verdict = validation.verdict(comp["passed"], int(sum(counts["failing"][:V])),
-                                         ref_conv["datasets_failing_any"], None)
-            entry["validation"] = {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V,
-                                   "reference": m["reference"], "reference_convergence": ref_conv,
-                                   "verdict": verdict, "rows": comp["rows"]}
+            entry["validation"] = scored(h, counts["failing"], arr, m, top, V)
+            comp, verdict = entry["validation"], entry["validation"]["verdict"]
         if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
             Path(args.save_draws).mkdir(parents=True, exist_ok=True)
             np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **h, step_size=ad.step_size,
@@ -432,8 +637,30 @@ def main() -> int:
     c.add_argument("--blocks", nargs="+", required=True)
     c.add_argument("--datasets", type=int, required=True, help="datasets kept per block (not fewer than its references)")
     c.add_argument("--whole", nargs="*", default=[], help="blocks that keep every dataset")
+    f = sub.add_parser("references", help="more nutpie references for one block of an export, resumable "
+                       "(needs PyMC and nutpie)")
+    f.add_argument("--artefacts", default=str(ART))
+    f.add_argument("--block", default="primary")
+    f.add_argument("--datasets", type=int, required=True, help="validation datasets wanted in all")
+    f.add_argument("--reference-draws", type=int, default=4000, help="draws per chain, as the export's references")
+    f.add_argument("--reference-cache", default=str(ROOT / "data" / "cache" / "power_validation"),
+                   help="where each reference attempt is kept, so a stopped run resumes")
+    n = sub.add_parser("null", help="the registered sampler against the export's references: the rule's false "
+                       "alarms (needs PyMC and nutpie)")
+    n.add_argument("--artefacts", default=str(ART))
+    n.add_argument("--block", default="primary")
+    n.add_argument("--datasets", type=int, help="validation datasets used (default: every one with a reference)")
+    n.add_argument("--runs", type=int, default=2, help="independent short runs per dataset")
+    n.add_argument("--draws", type=int, default=500, help="draws per chain of a short run (the candidate's)")
+    n.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "power_gpu_null.json"))
+    q = sub.add_parser("rescore", help="item 3(a) again on a run's saved draws (run --save-draws) against the "
+                       "export's references")
+    q.add_argument("--artefacts", default=str(ART))
+    q.add_argument("--draws", required=True, help="the folder run --save-draws wrote")
+    q.add_argument("--json", required=True)
     args = p.parse_args()
-    return {"export": export, "subset": subset, "run": run}[args.cmd](args)
+    return {"export": export, "subset": subset, "run": run, "references": references, "null": null,
+            "rescore": rescore}[args.cmd](args)
 
 
 if __name__ == "__main__":

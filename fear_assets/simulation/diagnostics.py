@@ -125,16 +125,55 @@ def mcse_quantile(x: np.ndarray, prob: float) -> float:
     return float((s[int(np.ceil(np.nanmin((ppf[1], x.size - 1))))] - s[int(np.floor(np.nanmax((ppf[0], 0))))]) / 2)
 
 
-def summary_with_mcse(x: np.ndarray, prob: float) -> dict:
+def _hdi_rows(x: np.ndarray, prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """``hdi`` of every row of ``x`` (replicates, n): only the ``n - k`` smallest and largest
+    draws can be an endpoint, so two partitions replace a full sort."""
+    n = x.shape[1]
+    k = int(np.floor(prob * n))
+    m = n - k
+    if 2 * m >= n:
+        s = np.sort(x, axis=1)
+        lows, highs = s[:, :m], s[:, k:]
+    else:
+        p = np.partition(x, (m - 1, n - m), axis=1)
+        lows, highs = np.sort(p[:, :m], axis=1), np.sort(p[:, n - m:], axis=1)
+    i = np.argmin(highs - lows, axis=1)
+    r = np.arange(len(x))
+    return lows[r, i], highs[r, i]
+
+
+def mcse_hdi(x: np.ndarray, prob: float, rng: np.random.Generator, replicates: int = 400) -> tuple[float, float]:
+    """MCSE of the ``prob`` HDI's two endpoints of (chains, draws) draws: their SD over a
+    moving-block bootstrap within each chain (blocks of twice the draws' integrated
+    autocorrelation time, ``draws / ESS``; ``replicates`` resamples drawn from ``rng``).
+
+    Why not a quantile's MCSE at the endpoint's share (the estimator before 2026-12-05): an HDI
+    endpoint is the end of the NARROWEST interval, so the share below it moves from sample to
+    sample too, and that movement shifts the endpoint at first order. A quantile's MCSE leaves it
+    out: with two independent runs of the same distribution (iid or AR(1), 4 x 500 against 4 x
+    4,000 draws) its z-scores had an SD of 1.15-1.46 and |z| > 3 in 1-6% of runs instead of 0.3%;
+    the bootstrap recomputes the whole HDI and gave 0.94-1.11."""
+    x = np.asarray(x, dtype=float)
+    chains, n = x.shape
+    tau = x.size / _ess(_split(x))
+    block = int(min(n, max(1, np.ceil(2 * tau))))
+    per_chain = int(np.ceil(n / block))
+    starts = rng.integers(0, n - block + 1, size=(replicates, chains, per_chain))
+    idx = (starts[..., None] + np.arange(block)).reshape(replicates, chains, -1)[:, :, :n]
+    resampled = np.take_along_axis(np.broadcast_to(x, (replicates, chains, n)), idx, axis=2)
+    lows, highs = _hdi_rows(resampled.reshape(replicates, -1), prob)
+    return float(lows.std(ddof=1)), float(highs.std(ddof=1))
+
+
+def summary_with_mcse(x: np.ndarray, prob: float, rng: np.random.Generator) -> dict:
     """Posterior mean, SD and ``prob`` HDI endpoints of (chains, draws) draws, each with its
-    MCSE (an HDI endpoint's as the quantile at the share of draws below it)."""
+    MCSE (the endpoints' by ``mcse_hdi``'s bootstrap, drawn from ``rng``)."""
     x = np.asarray(x, dtype=float)
     low, high = hdi(x, prob)
     flat = x.reshape(-1)
-    q = lambda v: min(max(float(np.mean(flat <= v)), 1.0 / flat.size), 1 - 1.0 / flat.size)  # noqa: E731
+    mcse_low, mcse_high = mcse_hdi(x, prob, rng)
     return {"mean": float(flat.mean()), "sd": float(flat.std(ddof=1)), "hdi_low": low, "hdi_high": high,
-            "mcse_mean": mcse_mean(x), "mcse_sd": mcse_sd(x), "mcse_hdi_low": mcse_quantile(x, q(low)),
-            "mcse_hdi_high": mcse_quantile(x, q(high))}
+            "mcse_mean": mcse_mean(x), "mcse_sd": mcse_sd(x), "mcse_hdi_low": mcse_low, "mcse_hdi_high": mcse_high}
 
 
 STATISTICS = ("mean", "sd", "hdi_low", "hdi_high")

@@ -4,8 +4,8 @@ Carlo standard-error units, its labels, and simulation-based calibration. Pure (
 
 The rule. For every dataset and reported contrast, the posterior mean, SD and 99% HDI
 endpoints of the two runs differ by z = (a - b) / sqrt(MCSE_a^2 + MCSE_b^2) (ArviZ's MCSE
-estimators, an HDI endpoint's as a quantile's: ``diagnostics.summary_with_mcse``). Two correct
-samplers give z about N(0, 1); an absolute bound (the last benchmark's 0.02) is below the Monte
+estimators of the mean and SD; an HDI endpoint's by a block bootstrap of the whole HDI, seeded:
+``diagnostics.summary_with_mcse``). Two correct samplers give z about N(0, 1); an absolute bound (the last benchmark's 0.02) is below the Monte
 Carlo error of a 99% HDI endpoint at ESS 400 and fails correct runs. The pass bound is
 |z| <= 3 for every statistic, raised to the Bonferroni bound of a 1% family-wise error where
 the number of comparisons m makes 3 a likely false alarm (m >= 4: z_crit = Phi^-1(1 - 0.005 / m),
@@ -32,10 +32,12 @@ def z_bound(m: int, family_alpha: float = 0.01) -> float:
     return float(max(3.0, ndtri(1 - family_alpha / (2 * max(int(m), 1)))))
 
 
-def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope: float) -> dict:
+def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope: float,
+                     rng: np.random.Generator) -> dict:
     """One dataset's contrast, (chains, draws) in each run: the four z-scores, both labels and
-    whether a differing label sits within 2 MCSE of a boundary (0, +-rope)."""
-    a, b = dg.summary_with_mcse(short, hdi_prob), dg.summary_with_mcse(long, hdi_prob)
+    whether a differing label sits within 2 MCSE of a boundary (0, +-rope); ``rng``: the HDI
+    endpoints' bootstrap."""
+    a, b = dg.summary_with_mcse(short, hdi_prob, rng), dg.summary_with_mcse(long, hdi_prob, rng)
     la, lb = label(a["hdi_low"], a["hdi_high"], rope).label, label(b["hdi_low"], b["hdi_high"], rope).label
     boundaries = (0.0, -rope, rope)
     return {"z": dg.z_scores(a, b), "label": la, "reference_label": lb, "flip": la != lb,
@@ -44,15 +46,17 @@ def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope:
 
 
 def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray], hdi_prob: float,
-                 ropes: Mapping[str, float]) -> dict:
+                 ropes: Mapping[str, float], seed: int) -> dict:
     """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws)
-    (or K arrays of (chains, draws)).
+    (or K arrays of (chains, draws)); ``seed`` (the registered master seed): the HDI endpoints'
+    bootstrap, one stream per contrast and dataset, so a row's z does not depend on the others.
     Returns the largest |z| per statistic and overall, the bound, the label flips (all, and
     those not near a boundary) and ``passed``."""
     rows = []
     for name in short:
         for k in range(len(short[name])):
-            c = compare_contrast(short[name][k], long[name][k], hdi_prob, ropes[name])
+            rng = np.random.default_rng([int(seed), k, *name.encode()])
+            c = compare_contrast(short[name][k], long[name][k], hdi_prob, ropes[name], rng)
             rows.append({"contrast": name, "dataset": k, **{f"z_{s}": c["z"][s] for s in dg.STATISTICS},
                          "label": c["label"], "reference_label": c["reference_label"], "flip": c["flip"],
                          "near_boundary": c["near_boundary"]})
