@@ -271,7 +271,8 @@ def null(args) -> int:
     export's references, scored by ``validation.compare_runs``. Both runs are correct, so every z is
     about N(0, 1): the JSON gives the SD and largest |z| per statistic and whether the rule passed.
     Beside it, the endpoints' z with a quantile's MCSE at the endpoint's share (the estimator before
-    2026-12-05), to show what the bootstrap changes."""
+    2026-12-05), to show what the bootstrap changes. The short runs' draws are kept beside the
+    JSON (``.draws.npz``); ``--reuse-draws`` scores them again without sampling."""
     from fear_assets.models.primary_model import Fitter
     from fear_assets.simulation import diagnostics as dg
     from fear_assets.simulation import validation
@@ -285,13 +286,25 @@ def null(args) -> int:
     fitter = Fitter(ex.priors, args.draws, 1000, 4, rule=ex.rule)
     hdi_prob = ex.top["hdi_prob"]
     rows, quantile_z, divergences = [], [], []
+    kept_path = Path(args.json).with_suffix(".draws.npz")
+    if args.reuse_draws:  # score the kept runs again: no sampling
+        kept = dict(np.load(kept_path))
+        if kept[m["contrasts"][0]].shape[:2] != (V, args.runs):
+            raise SystemExit(f"{kept_path}: holds another number of datasets or runs than --datasets/--runs")
+    else:
+        kept = {c: np.zeros((V, args.runs, 4, args.draws)) for c in m["contrasts"]}
+        kept["divergences"] = np.zeros((V, args.runs), dtype=np.int64)
     for j in range(V):
-        b = ex.dataset(j)
+        b = None if args.reuse_draws else ex.dataset(j)
         long = {name: arr[f"reference_{name}"][j] for name in m["contrasts"]}
         for r in range(args.runs):
-            idata = fitter.fit(b.data, ex.seed + 5000 + 100 * r + m["datasets"][j])
-            short = {c: np.asarray(x).reshape(4, -1) for c, x in b.contrasts(idata).items()}
-            divergences.append(int(np.asarray(idata.sample_stats["diverging"]).sum()))
+            if not args.reuse_draws:
+                idata = fitter.fit(b.data, ex.seed + 5000 + 100 * r + m["datasets"][j])
+                for c, x in b.contrasts(idata).items():
+                    kept[c][j, r] = np.asarray(x).reshape(4, -1)
+                kept["divergences"][j, r] = int(np.asarray(idata.sample_stats["diverging"]).sum())
+            short = {c: kept[c][j, r] for c in m["contrasts"]}
+            divergences.append(int(kept["divergences"][j, r]))
             comp = validation.compare_runs({c: [short[c]] for c in m["contrasts"]},
                                            {c: [long[c]] for c in m["contrasts"]}, hdi_prob, m["ropes"],
                                            ex.seed + r)
@@ -304,6 +317,8 @@ def null(args) -> int:
                                                            dg.mcse_quantile(c, np.mean(c <= ec))))
             print(f"[{time.perf_counter() - t0:.0f} s] dataset {m['datasets'][j]} run {r}: max |z| "
                   f"{comp['max_z']:.2f}, divergences {divergences[-1]}", flush=True)
+    if not args.reuse_draws:
+        np.savez_compressed(kept_path, **kept)
     z = {st: np.array([row[f"z_{st}"] for row in rows]) for st in dg.STATISTICS}
     allz = np.concatenate(list(z.values()))
     bound = validation.z_bound(allz.size)
@@ -312,6 +327,7 @@ def null(args) -> int:
                                                                                       "draws": args.draws},
            "reference_draws": m["reference"]["draws"], "comparisons": int(allz.size), "z_bound": bound,
            "sd_z": {st: float(v.std()) for st, v in z.items()},
+           "mean_z": {st: float(v.mean()) for st, v in z.items()},
            "max_abs_z": {st: float(np.abs(v).max()) for st, v in z.items()},
            "share_abs_z_over_3": {st: float(np.mean(np.abs(v) > 3)) for st, v in z.items()},
            "passed": bool(np.abs(allz).max() <= bound),
@@ -652,7 +668,9 @@ def main() -> int:
     n.add_argument("--datasets", type=int, help="validation datasets used (default: every one with a reference)")
     n.add_argument("--runs", type=int, default=2, help="independent short runs per dataset")
     n.add_argument("--draws", type=int, default=500, help="draws per chain of a short run (the candidate's)")
-    n.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "power_gpu_null.json"))
+    n.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "power_gpu_null.json"),
+                   help="the result; the short runs' draws are kept beside it (.draws.npz)")
+    n.add_argument("--reuse-draws", action="store_true", help="score the kept short runs again instead of sampling")
     q = sub.add_parser("rescore", help="item 3(a) again on a run's saved draws (run --save-draws) against the "
                        "export's references")
     q.add_argument("--artefacts", default=str(ART))

@@ -41,7 +41,8 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     device_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     device_env.update(OUT=str(out), OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
-                          "--warmup", "30", "--draws", "30", "--extensions", "0", "--max-seconds", "600"],
+                          "--warmup", "30", "--draws", "30", "--extensions", "0", "--max-seconds", "600",
+                          "--save-draws", str(tmp_path / "first")],
                          cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     res = json.loads((out / "power_gpu_blocks.json").read_text())
@@ -115,3 +116,44 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     np.testing.assert_array_equal(saved["trajectory_length"], fc["trajectory_length"])
     assert saved["failing"].tolist() == fc["convergence"]["failing"]
     assert fc["gradients_per_dataset"] >= fc["chains"] * 60
+
+    # references: one more nutpie reference for the exported primary block, the first kept as it was
+    before = dict(np.load(art / "primary" / "arrays.npz"))
+    more = subprocess.run([sys.executable, str(SCRIPT), "references", "--artefacts", str(art), "--block", "primary",
+                           "--datasets", "2", "--reference-draws", "200", "--reference-cache", str(tmp_path / "cache")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert more.returncode == 0, more.stderr[-3000:]
+    after = dict(np.load(art / "primary" / "arrays.npz"))
+    m = json.loads((art / "primary" / "manifest.json").read_text())
+    assert m["validate_datasets"] == 2 and len(m["reference"]["attempts"]) == 2
+    assert after["reference_H1"].shape == (2, 4, 200) and after["Y_validate"].shape[0] == 2
+    np.testing.assert_array_equal(after["reference_H1"][0], before["reference_H1"][0])
+    np.testing.assert_array_equal(after["Y_validate"][1].astype(np.float32), after["Y"][1])
+    assert not (art / "primary" / "arrays.tmp.npz").exists()
+
+    # rescore: the first run's saved draws scored again reproduce its own comparison row for row, and
+    # now reach the second dataset's new reference too
+    rescored = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                               str(tmp_path / "first"), "--json", str(tmp_path / "rescore.json")],
+                              env=device_env, capture_output=True, text=True, timeout=900)
+    assert rescored.returncode == 0, rescored.stderr[-3000:]
+    again = json.loads((tmp_path / "rescore.json").read_text())["blocks"]
+    assert set(again) == {"primary"} and again["primary"]["datasets"] == 2
+    assert [r for r in again["primary"]["rows"] if r["dataset"] == 0] == v["rows"]
+    assert {r["dataset"] for r in again["primary"]["rows"]} == {0, 1}
+
+    # null: the registered sampler itself against the references, scored by the same rule
+    nulled = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
+                             "--draws", "100", "--json", str(tmp_path / "null.json")],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert nulled.returncode == 0, nulled.stderr[-3000:]
+    nr = json.loads((tmp_path / "null.json").read_text())
+    assert nr["comparisons"] == 2 * 3 * 4 and len(nr["rows"]) == 2 * 3 and len(nr["short_divergences"]) == 2
+    assert nr["passed"] == (max(nr["max_abs_z"].values()) <= nr["z_bound"])
+    # the short runs are kept: scored again without sampling, the same rows
+    again = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
+                            "--draws", "100", "--json", str(tmp_path / "null.json"), "--reuse-draws"],
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "null.json").read_text())["rows"] == nr["rows"]
+

@@ -165,6 +165,28 @@ def mcse_hdi(x: np.ndarray, prob: float, rng: np.random.Generator, replicates: i
     return float(lows.std(ddof=1)), float(highs.std(ddof=1))
 
 
+def hdi_at_length(x: np.ndarray, prob: float, draws: int, rng: np.random.Generator) -> dict:
+    """The ``prob`` HDI endpoints that a run of ``draws`` draws per chain gives on average, from a
+    longer run ``x`` (chains, N): the mean over its ``N // draws`` disjoint stretches of that
+    length, with MCSE sqrt(mean of the stretches' ``mcse_hdi`` variances / stretches).
+
+    Why: the narrowest interval holding 99% of n draws is on average narrower than the true
+    HDI, the more so the fewer the draws (it is chosen as the narrowest of many). Against a
+    long run's own endpoints, a correct run of fewer draws comes out inside: on two correct
+    runs (4 x 500 against 4 x 4,000 draws) the lower endpoint's z-scores had a mean of +0.2 to
+    +0.8 and the upper's -0.1 to -0.4, which the validation's bound would read as bias in the
+    sampler. Compared at one length, the HDI's own bias cancels."""
+    x = np.asarray(x, dtype=float)
+    n = int(min(max(1, draws), x.shape[1]))
+    stretches = x.shape[1] // n
+    ends = np.array([hdi(x[:, s * n:(s + 1) * n], prob) for s in range(stretches)])
+    errors = np.array([mcse_hdi(x[:, s * n:(s + 1) * n], prob, rng) for s in range(stretches)])
+    low, high = ends.mean(axis=0)
+    mcse_low, mcse_high = np.sqrt((errors ** 2).mean(axis=0) / stretches)
+    return {"hdi_low": float(low), "hdi_high": float(high), "mcse_hdi_low": float(mcse_low),
+            "mcse_hdi_high": float(mcse_high), "stretches": stretches}
+
+
 def summary_with_mcse(x: np.ndarray, prob: float, rng: np.random.Generator) -> dict:
     """Posterior mean, SD and ``prob`` HDI endpoints of (chains, draws) draws, each with its
     MCSE (the endpoints' by ``mcse_hdi``'s bootstrap, drawn from ``rng``)."""

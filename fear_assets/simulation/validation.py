@@ -5,7 +5,9 @@ Carlo standard-error units, its labels, and simulation-based calibration. Pure (
 The rule. For every dataset and reported contrast, the posterior mean, SD and 99% HDI
 endpoints of the two runs differ by z = (a - b) / sqrt(MCSE_a^2 + MCSE_b^2) (ArviZ's MCSE
 estimators of the mean and SD; an HDI endpoint's by a block bootstrap of the whole HDI, seeded:
-``diagnostics.summary_with_mcse``). Two correct samplers give z about N(0, 1); an absolute bound (the last benchmark's 0.02) is below the Monte
+``diagnostics.summary_with_mcse``), the reference's endpoints taken at the candidate's length
+(``diagnostics.hdi_at_length``: fewer draws give a narrower HDI). Two correct samplers give z
+about N(0, 1); an absolute bound (the last benchmark's 0.02) is below the Monte
 Carlo error of a 99% HDI endpoint at ESS 400 and fails correct runs. The pass bound is
 |z| <= 3 for every statistic, raised to the Bonferroni bound of a 1% family-wise error where
 the number of comparisons m makes 3 a likely false alarm (m >= 4: z_crit = Phi^-1(1 - 0.005 / m),
@@ -40,7 +42,10 @@ def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope:
     a, b = dg.summary_with_mcse(short, hdi_prob, rng), dg.summary_with_mcse(long, hdi_prob, rng)
     la, lb = label(a["hdi_low"], a["hdi_high"], rope).label, label(b["hdi_low"], b["hdi_high"], rope).label
     boundaries = (0.0, -rope, rope)
-    return {"z": dg.z_scores(a, b), "label": la, "reference_label": lb, "flip": la != lb,
+    # the endpoints against the reference's at the candidate's length: the HDI's own bias cancels
+    at_length = dg.hdi_at_length(long, hdi_prob, np.size(short) // np.shape(long)[0], rng)
+    z = dg.z_scores(a, {**b, **{k: at_length[k] for k in ("hdi_low", "hdi_high", "mcse_hdi_low", "mcse_hdi_high")}})
+    return {"z": z, "label": la, "reference_label": lb, "flip": la != lb,
             "near_boundary": dg.near_boundary(a, boundaries) or dg.near_boundary(b, boundaries),
             "candidate": a, "reference": b}
 
