@@ -211,6 +211,20 @@ def test_comparison_passes_two_correct_runs_and_fails_a_shifted_one():
     assert far["label_flips"] >= 1 and far["label_flips_not_near_boundary"] >= 1 and not far["passed"]
 
 
+def test_a_small_shift_shared_by_every_dataset_shows_in_the_shared_shift_not_in_the_bound():
+    """A sampler off by about 1.5 MCSE on every dataset passes the per-dataset bound; the mean z
+    over the datasets, in its standard errors, shows it (reported beside the verdict)."""
+    rng = np.random.default_rng(4)
+    short = {"H2": np.stack([_ar1(rng, shift=0.1, scale=0.05) for _ in range(16)])}
+    long = {"H2": np.stack([_ar1(rng, n=2000, shift=0.1, scale=0.05) for _ in range(16)])}
+    clean = validation.compare_runs(short, long, 0.99, {"H2": 0.15}, seed=5)
+    mcse = np.mean([dg.mcse_mean(x) for x in short["H2"]])
+    shifted = validation.compare_runs({"H2": short["H2"] + 1.5 * mcse}, long, 0.99, {"H2": 0.15}, seed=5)
+    assert clean["passed"] and shifted["passed"] and shifted["max_abs_z"]["mean"] < shifted["z_bound"]
+    assert abs(clean["shared_shift_z"]["H2.mean"]) < 3 < shifted["shared_shift_z"]["H2.mean"]
+    assert shifted["max_shared_shift_z"] >= shifted["shared_shift_z"]["H2.mean"]
+
+
 def test_sbc_passes_a_calibrated_posterior_and_fails_a_biased_one():
     """theta ~ N(0, 1), y ~ N(theta, 1): the posterior is N(y / 2, 1 / 2)."""
     rng = np.random.default_rng(4)

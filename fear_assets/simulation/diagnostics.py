@@ -150,9 +150,10 @@ def mcse_hdi(x: np.ndarray, prob: float, rng: np.random.Generator, replicates: i
     Why not a quantile's MCSE at the endpoint's share (the estimator before 2026-12-05): an HDI
     endpoint is the end of the NARROWEST interval, so the share below it moves from sample to
     sample too, and that movement shifts the endpoint at first order. A quantile's MCSE leaves it
-    out: with two independent runs of the same distribution (iid or AR(1), 4 x 500 against 4 x
-    4,000 draws) its z-scores had an SD of 1.15-1.46 and |z| > 3 in 1-6% of runs instead of 0.3%;
-    the bootstrap recomputes the whole HDI and gave 0.94-1.11."""
+    out: with two independent runs of the same distribution (AR(1) draws, 4 x 500 against 4 x
+    4,000) its z-scores had an SD up to 1.5 and |z| > 3 in up to 6% of pairs instead of 0.3%; the
+    bootstrap recomputes the whole HDI and gave 0.95-1.12 where the draws' ESS meets the
+    convergence rule (``benchmarks/hdi_mcse_null.py``)."""
     x = np.asarray(x, dtype=float)
     chains, n = x.shape
     tau = x.size / _ess(_split(x))
