@@ -3,8 +3,8 @@ independent runs of one known distribution (stationary AR(1) draws, mapped to a 
 4 degrees of freedom or a lognormal), 4 x 500 draws (the candidate's) against 4 x 4,000 (the
 reference's), scored as ``validation.compare_runs`` scores a 99% HDI endpoint: z = (a - b) /
 sqrt(MCSE_a^2 + MCSE_b^2). Under a calibrated MCSE the z-scores have SD 1 and |z| > 3 in 0.27%
-of runs; their mean is the HDI's own small-sample bias (fewer draws give a narrower interval). Two estimators side by side: a quantile's MCSE at the endpoint's share (ArviZ's
-estimator, the rule before 2026-12-05) and ``diagnostics.mcse_hdi`` (a block bootstrap of the
+of runs; their mean is the HDI's own small-sample bias (fewer draws give a narrower interval).
+Three rules side by side: a quantile's MCSE at the endpoint's share (ArviZ's estimator, the rule before 2026-12-05) and ``diagnostics.mcse_hdi`` (a block bootstrap of the
 whole HDI, the rule since 2026-12-05), and that bootstrap against the reference's endpoints at the
 candidate's length (``diagnostics.hdi_at_length``, the rule since later on 2026-12-05).
 
@@ -42,6 +42,14 @@ def ar1(rng: np.random.Generator, chains: int, n: int, rho: float) -> np.ndarray
     return z
 
 
+def quantile_mcse_z(a: np.ndarray, b: np.ndarray, prob: float) -> tuple[float, float]:
+    """The HDI endpoints' z of runs ``a`` against ``b`` (chains, draws) with a quantile's MCSE at
+    each endpoint's share (ArviZ's estimator; the validation's rule before 2026-12-05)."""
+    ends = [dg.hdi(x, prob) for x in (a, b)]
+    return tuple((ends[0][i] - ends[1][i]) / np.hypot(*(dg.mcse_quantile(x, float(np.mean(x <= e[i])))
+                                                        for x, e in zip((a, b), ends))) for i in (0, 1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=150, help="pairs of runs per case")
@@ -60,12 +68,10 @@ def main() -> int:
                 ends = [dg.hdi(x, 0.99) for x in (a, b)]
                 boot = [dg.mcse_hdi(x, 0.99, rng) for x in (a, b)]
                 at = dg.hdi_at_length(b, 0.99, a.shape[1], rng)
-                for i in (0, 1):
-                    quant = [dg.mcse_quantile(x, float(np.mean(x <= e[i]))) for x, e in zip((a, b), ends)]
-                    zq.append((ends[0][i] - ends[1][i]) / np.hypot(*quant))
+                zq.extend(quantile_mcse_z(a, b, 0.99))
+                for i, end in enumerate(("hdi_low", "hdi_high")):
                     zb.append((ends[0][i] - ends[1][i]) / np.hypot(boot[0][i], boot[1][i]))
-                    e = ("hdi_low", "hdi_high")[i]
-                    zl.append((ends[0][i] - at[e]) / np.hypot(boot[0][i], at[f"mcse_{e}"]))
+                    zl.append((ends[0][i] - at[end]) / np.hypot(boot[0][i], at[f"mcse_{end}"]))
             zq, zb, zl = (np.array(z).reshape(-1, 2) for z in (zq, zb, zl))
             case = {"rho": rho, "shape": name, "runs": args.runs,
                     **{k: {"sd_z": z.std(axis=0).round(3).tolist(), "mean_z": z.mean(axis=0).round(3).tolist(),

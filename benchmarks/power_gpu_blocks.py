@@ -273,6 +273,8 @@ def null(args) -> int:
     Beside it, the endpoints' z with a quantile's MCSE at the endpoint's share (the estimator before
     2026-12-05), to show what the bootstrap changes. The short runs' draws are kept beside the
     JSON (``.draws.npz``); ``--reuse-draws`` scores them again without sampling."""
+    from hdi_mcse_null import quantile_mcse_z
+
     from fear_assets.models.primary_model import Fitter
     from fear_assets.simulation import diagnostics as dg
     from fear_assets.simulation import validation
@@ -310,11 +312,7 @@ def null(args) -> int:
                                            ex.seed + r)
             for row in comp["rows"]:
                 rows.append({**row, "dataset": m["datasets"][j], "run": r})
-                a, c = short[row["contrast"]], long[row["contrast"]]
-                for e, i in (("hdi_low", 0), ("hdi_high", 1)):
-                    ea, ec = dg.hdi(a, hdi_prob)[i], dg.hdi(c, hdi_prob)[i]
-                    quantile_z.append((ea - ec) / np.hypot(dg.mcse_quantile(a, np.mean(a <= ea)),
-                                                           dg.mcse_quantile(c, np.mean(c <= ec))))
+                quantile_z.extend(quantile_mcse_z(short[row["contrast"]], long[row["contrast"]], hdi_prob))
             print(f"[{time.perf_counter() - t0:.0f} s] dataset {m['datasets'][j]} run {r}: max |z| "
                   f"{comp['max_z']:.2f}, divergences {divergences[-1]}", flush=True)
     if not args.reuse_draws:
@@ -394,7 +392,9 @@ def scored(h: dict, failing, arr: dict, m: dict, top: dict, V: int) -> dict:
     ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][:V])
     verdict = validation.verdict(comp["passed"], int(sum(np.asarray(failing)[:V])), ref_conv["datasets_failing_any"],
                                  None)
-    return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V, "reference": m["reference"],
+    # the attempts of the compared datasets only: `references` may have added more since the run
+    reference = {**m["reference"], "attempts": m["reference"]["attempts"][:V]}
+    return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V, "reference": reference,
             "reference_convergence": ref_conv, "verdict": verdict, "rows": comp["rows"]}
 
 

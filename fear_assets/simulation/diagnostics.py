@@ -85,14 +85,12 @@ def rhat(x: np.ndarray) -> float:
 def hdi(x: np.ndarray, prob: float) -> tuple[float, float]:
     """Highest-density interval of pooled draws: the narrowest interval holding
     ``floor(prob * n)`` of the ``n`` sorted draws (ArviZ's ``hdi`` for a unimodal sample)."""
-    s = np.sort(np.asarray(x, dtype=float).reshape(-1))
-    n = len(s)
-    k = int(np.floor(prob * n))
-    if not 0 < k < n:
+    flat = np.asarray(x, dtype=float).reshape(1, -1)
+    n = flat.shape[1]
+    if not 0 < int(np.floor(prob * n)) < n:
         raise ValueError(f"an HDI of mass {prob} needs more than {n} draws")
-    widths = s[k:] - s[: n - k]
-    i = int(np.argmin(widths))
-    return float(s[i]), float(s[i + k])
+    low, high = _hdi_rows(flat, prob)
+    return float(low[0]), float(high[0])
 
 
 # -- Monte Carlo standard errors (ArviZ's estimators) and the validation's comparisons ----------
