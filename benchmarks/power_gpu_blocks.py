@@ -378,47 +378,77 @@ def subset(args) -> int:
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
-def scored(h: dict, failing, arr: dict, m: dict, top: dict, V: int) -> dict:
-    """Item 3(a) on a block's first ``V`` datasets: the candidate's contrast draws ``h`` (name ->
+def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers) -> dict:
+    """Item 3(a) on the datasets of a block numbered ``numbers`` (their positions in the export,
+    one per dataset of ``h``) that have a reference: the candidate's contrast draws ``h`` (name ->
     (K, chains, draws)) against the export's references (``validation.compare_runs``), the
     references' own convergence, and the verdict (no SBC here: it is ``power_gpu.py validate``'s,
     so at best "incomplete"). ``failing``: per dataset, whether the candidate missed the rule."""
     from fear_assets.simulation import validation
 
     rule = argparse.Namespace(**top["convergence"])
-    long = {name: arr[f"reference_{name}"][:V] for name in m["contrasts"]}
-    comp = validation.compare_runs({n: np.asarray(x)[:V] for n, x in h.items()}, long, top["hdi_prob"], m["ropes"],
-                                   top["master_seed"])
-    ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][:V])
-    verdict = validation.verdict(comp["passed"], int(sum(np.asarray(failing)[:V])), ref_conv["datasets_failing_any"],
-                                 None)
+    numbers = np.asarray(numbers, dtype=np.int64)
+    have = np.flatnonzero(numbers < int(m["validate_datasets"]))  # rows of h with a reference
+    ref = numbers[have]
+    long = {name: arr[f"reference_{name}"][ref] for name in m["contrasts"]}
+    comp = validation.compare_runs({n: np.asarray(x)[have] for n, x in h.items()}, long, top["hdi_prob"],
+                                   m["ropes"], top["master_seed"], datasets=ref.tolist())
+    ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][ref])
+    verdict = validation.verdict(comp["passed"], int(np.asarray(failing)[have].sum()),
+                                 ref_conv["datasets_failing_any"], None)
     # the attempts of the compared datasets only: `references` may have added more since the run
-    reference = {**m["reference"], "attempts": m["reference"]["attempts"][:V]}
-    return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": V, "reference": reference,
-            "reference_convergence": ref_conv, "verdict": verdict, "rows": comp["rows"]}
+    reference = {**m["reference"], "attempts": [m["reference"]["attempts"][k] for k in ref]}
+    return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": len(ref),
+            "dataset_numbers": ref.tolist(), "reference": reference, "reference_convergence": ref_conv,
+            "verdict": verdict, "rows": comp["rows"]}
+
+
+def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.ndarray] | None:
+    """One block's saved draws (``run --save-draws``) from several runs of disjoint datasets (a
+    CPU fits a validation's datasets in turn): the contrast draws, the failing flags and the
+    datasets' numbers in the export, in the order of the numbers; None where no run saved the
+    block. A dataset saved twice is an error (which run would count?)."""
+    parts = []
+    for folder in folders:
+        path = Path(folder) / f"{block}.npz"
+        if path.exists():
+            d = dict(np.load(path))
+            first = int(d.get("first_dataset", 0))  # runs saved before --first-dataset started at 0
+            parts.append((path, d, np.arange(first, first + len(d["failing"]))))
+    if not parts:
+        return None
+    numbers = np.concatenate([n for _, _, n in parts])
+    twice = sorted({int(k) for k in numbers if (numbers == k).sum() > 1})
+    if twice:
+        raise SystemExit(f"--draws: datasets {twice} of block {block} are in more than one of "
+                         f"{[str(p) for p, _, _ in parts]}; give each dataset's run once")
+    order = np.argsort(numbers, kind="stable")
+    h = {n: np.concatenate([d[n] for _, d, _ in parts])[order] for n in contrasts}
+    failing = np.concatenate([np.asarray(d["failing"], dtype=bool) for _, d, _ in parts])[order]
+    return h, failing, numbers[order]
 
 
 def rescore(args) -> int:
-    """Item 3(a) again on a run's saved draws (``run --save-draws DIR``) against the export's
-    references as they are now (more of them after ``references``, or a changed comparison rule):
-    no sampling, no device. JSON to ``--json``."""
+    """Item 3(a) again on saved draws (``run --save-draws DIR``; several folders: runs of
+    disjoint datasets, scored as one validation) against the export's references as they are
+    now (more of them after ``references``, or a changed comparison rule): no sampling, no
+    device. JSON to ``--json``."""
     sys.path.insert(0, str(ROOT))
-    art, saved = Path(args.artefacts), Path(args.draws)
+    art, folders = Path(args.artefacts), [Path(f) for f in args.draws]
     top = json.loads((art / "manifest.json").read_text())
-    res = {"what": "a saved run's draws scored again; benchmarks/power_gpu_blocks.py rescore", "draws": str(saved),
-           "blocks": {}}
-    for path in sorted(saved.glob("*.npz")):
-        block = path.stem
+    res = {"what": "saved runs' draws scored again; benchmarks/power_gpu_blocks.py rescore",
+           "draws": [str(f) for f in folders], "blocks": {}}
+    blocks = sorted({p.stem for f in folders for p in f.glob("*.npz")})
+    for block in blocks:
         m = json.loads((art / block / "manifest.json").read_text())
         arr = dict(np.load(art / block / "arrays.npz"))
-        d = dict(np.load(path))
-        K = len(d["failing"])
-        V = min(K, int(m["validate_datasets"]))
-        if not V:
+        h, failing, numbers = saved_runs(folders, block, m["contrasts"])
+        if not (numbers < int(m["validate_datasets"])).any():
             continue
-        res["blocks"][block] = v = scored({n: d[n] for n in m["contrasts"]}, d["failing"], arr, m, top, V)
+        res["blocks"][block] = v = scored(h, failing, arr, m, top, numbers)
         v["max_z_per_dataset"] = [max(abs(r[f"z_{st}"]) for r in v["rows"] if r["dataset"] == k
-                                      for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in range(V)]
+                                      for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in v["dataset_numbers"]]
+        V = v["datasets"]
         print(f"{block}: {V} datasets, max |z| {v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
               f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
               f"{v['verdict']['status']}", flush=True)
@@ -479,8 +509,12 @@ def run(args) -> int:
         d = art / block
         m = json.loads((d / "manifest.json").read_text())
         arr = np.load(d / "arrays.npz")
-        K = min(args.datasets or len(m["datasets"]), len(m["datasets"]))
-        V = min(m["validate_datasets"], K)
+        F = args.first_dataset
+        if F >= len(m["datasets"]):
+            raise SystemExit(f"--first-dataset {F}: block {block} of {art} holds {len(m['datasets'])} datasets")
+        K = min(args.datasets or len(m["datasets"]) - F, len(m["datasets"]) - F)
+        numbers = np.arange(F, F + K)
+        V = int((numbers < m["validate_datasets"]).sum())  # the run's datasets that have a reference
         if per_row_s is not None:
             why = past_deadline(per_row_s * K * m["rows"] * (warmup + draws * (1 + extensions)) / (warmup + draws),
                                 deadline)
@@ -496,8 +530,8 @@ def run(args) -> int:
                                          shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
-        Y = arr["Y"][:K].astype(np.float64)
-        Y[:V] = arr["Y_validate"][:V]  # the validation datasets exactly as the references saw them
+        Y = arr["Y"][F:F + K].astype(np.float64)
+        Y[:V] = arr["Y_validate"][F:F + V]  # the validation datasets exactly as the references saw them
         # a killed run (a lease's timeout) still says what it was doing and since when
         res["in_progress"] = {"block": block, "datasets": K, "since_elapsed_s": time.perf_counter() - t_start,
                               "what": f"warm-up {warmup} + first {args.chunk_draws or draws} draws, one program"}
@@ -549,7 +583,7 @@ def run(args) -> int:
         run_s = tm["run_s"] + ext_s
         per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + made + rounds * top["extension_draws"])
         ad = fit["adapted"]
-        entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "chains": chains,
+        entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F, "chains": chains,
                  "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds, "extension_s": ext_s,
                  "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,
                  "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
@@ -567,13 +601,13 @@ def run(args) -> int:
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
         if V:
-            entry["validation"] = scored(h, counts["failing"], arr, m, top, V)
+            entry["validation"] = scored(h, counts["failing"], arr, m, top, numbers)
             comp, verdict = entry["validation"], entry["validation"]["verdict"]
         if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
             Path(args.save_draws).mkdir(parents=True, exist_ok=True)
             np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **h, step_size=ad.step_size,
                                 trajectory_length=ad.trajectory_length, divergences=np.asarray(fit["divergences"]),
-                                failing=np.asarray(counts["failing"]))
+                                failing=np.asarray(counts["failing"]), first_dataset=F)
         res["blocks"][block] = entry
         res.pop("in_progress", None)
         save()
@@ -634,7 +668,10 @@ def main() -> int:
     r.add_argument("--artefacts", default=str(ART))
     r.add_argument("--platform", help="JAX_PLATFORMS (cuda, cpu); default: jax's choice")
     r.add_argument("--blocks", nargs="*", help="default: every exported block")
-    r.add_argument("--datasets", type=int, help="datasets per block (default: every exported one)")
+    r.add_argument("--datasets", type=int, help="datasets per block (default: every exported one from the first)")
+    r.add_argument("--first-dataset", type=int, default=0,
+                   help="the export's dataset to start from: a CPU fits a validation's datasets in several runs "
+                        "(rescore scores their saved draws together)")
     r.add_argument("--algorithm", choices=pg.ADAPTIVE_CANDIDATES,
                    default="adaptive_hmc_dense")
     r.add_argument("--chains", type=int, help="default: the simulation_sampler section's")
@@ -674,7 +711,8 @@ def main() -> int:
     q = sub.add_parser("rescore", help="item 3(a) again on a run's saved draws (run --save-draws) against the "
                        "export's references")
     q.add_argument("--artefacts", default=str(ART))
-    q.add_argument("--draws", required=True, help="the folder run --save-draws wrote")
+    q.add_argument("--draws", required=True, nargs="+",
+                   help="the folder(s) run --save-draws wrote: runs of disjoint datasets are scored as one")
     q.add_argument("--json", required=True)
     args = p.parse_args()
     return {"export": export, "subset": subset, "run": run, "references": references, "null": null,

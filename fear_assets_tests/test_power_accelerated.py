@@ -230,6 +230,27 @@ def test_a_small_shift_shared_by_every_dataset_shows_in_the_shared_shift_not_in_
     assert shifted["max_shared_shift_z"] >= shifted["shared_shift_z"]["H2.mean"]
 
 
+def test_runs_of_disjoint_datasets_scored_together_give_each_row_as_scored_alone():
+    """A validation of many datasets may be fitted in several programs (a CPU fits batches in
+    turn) and scored together: a dataset's row, its bootstrap stream included, must not depend on
+    which other datasets were scored with it, and a row must keep its dataset's own number."""
+    rng = np.random.default_rng(6)
+    short = {"H2": np.stack([_ar1(rng, shift=0.1 * k, scale=0.05) for k in range(5)])}
+    long = {"H2": np.stack([_ar1(rng, n=2000, shift=0.1 * k, scale=0.05) for k in range(5)])}
+    whole = validation.compare_runs(short, long, 0.99, {"H2": 0.15}, seed=5)
+    part = validation.compare_runs({"H2": short["H2"][[3, 1]]}, {"H2": long["H2"][[3, 1]]}, 0.99, {"H2": 0.15},
+                                   seed=5, datasets=[3, 1])
+    by_number = {r["dataset"]: r for r in whole["rows"]}
+    assert [r["dataset"] for r in part["rows"]] == [3, 1]
+    assert all(r == by_number[r["dataset"]] for r in part["rows"])
+    # numbered as the first two datasets instead, the same draws get other bootstrap streams
+    renumbered = validation.compare_runs({"H2": short["H2"][[3, 1]]}, {"H2": long["H2"][[3, 1]]}, 0.99,
+                                         {"H2": 0.15}, seed=5)
+    assert renumbered["rows"][0]["z_hdi_low"] != part["rows"][0]["z_hdi_low"]
+    with pytest.raises(ValueError, match="distinct"):
+        validation.compare_runs(short, long, 0.99, {"H2": 0.15}, seed=5, datasets=[0, 1, 2, 3, 3])
+
+
 def test_sbc_passes_a_calibrated_posterior_and_fails_a_biased_one():
     """theta ~ N(0, 1), y ~ N(theta, 1): the posterior is N(y / 2, 1 / 2)."""
     rng = np.random.default_rng(4)

@@ -92,7 +92,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert len(json.loads((lease / "primary" / "manifest.json").read_text())["datasets"]) == 1
     on_lease = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(lease), "--platform", "cpu",
                                "--blocks", "primary", "--warmup", "20", "--draws", "20", "--extensions", "0",
-                               "--json", "lease.json"],
+                               "--json", "lease.json", "--save-draws", str(tmp_path / "lease_draws")],
                               cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert on_lease.returncode == 0, on_lease.stderr[-3000:]
     leased = json.loads((out / "lease.json").read_text())["blocks"]["primary"]
@@ -141,6 +141,29 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert set(again) == {"primary"} and again["primary"]["datasets"] == 2
     assert [r for r in again["primary"]["rows"] if r["dataset"] == 0] == v["rows"]
     assert {r["dataset"] for r in again["primary"]["rows"]} == {0, 1}
+
+    # a validation fitted in turns: dataset 1 alone (--first-dataset), then scored together with the lease's
+    # run of dataset 0; each keeps its own rows, and a dataset saved by two runs is refused
+    second = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                             "--blocks", "primary", "--first-dataset", "1", "--warmup", "20", "--draws", "20",
+                             "--extensions", "0", "--json", "second.json", "--save-draws", str(tmp_path / "second")],
+                            cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    one = json.loads((out / "second.json").read_text())["blocks"]["primary"]
+    assert one["datasets"] == 1 and one["first_dataset"] == 1 and one["validation"]["dataset_numbers"] == [1]
+    assert {r["dataset"] for r in one["validation"]["rows"]} == {1}
+    both = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                           str(tmp_path / "lease_draws"), str(tmp_path / "second"), "--json", str(tmp_path / "both.json")],
+                          env=device_env, capture_output=True, text=True, timeout=900)
+    assert both.returncode == 0, both.stderr[-3000:]
+    union = json.loads((tmp_path / "both.json").read_text())["blocks"]["primary"]
+    assert union["dataset_numbers"] == [0, 1] and union["comparisons"] == 2 * 3 * 4
+    assert [r for r in union["rows"] if r["dataset"] == 0] == leased["validation"]["rows"]
+    assert [r for r in union["rows"] if r["dataset"] == 1] == one["validation"]["rows"]
+    twice = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                            str(tmp_path / "first"), str(tmp_path / "second"), "--json", str(tmp_path / "twice.json")],
+                           env=device_env, capture_output=True, text=True, timeout=900)
+    assert twice.returncode != 0 and "datasets [1] of block primary are in more than one" in twice.stderr
 
     # null: the registered sampler itself against the references, scored by the same rule
     nulled = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",

@@ -20,7 +20,7 @@ comparison rests on a reference that itself meets the convergence rule.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtri
@@ -51,20 +51,26 @@ def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope:
 
 
 def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray], hdi_prob: float,
-                 ropes: Mapping[str, float], seed: int) -> dict:
+                 ropes: Mapping[str, float], seed: int, datasets: Sequence[int] | None = None) -> dict:
     """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws)
     (or K arrays of (chains, draws)); ``seed`` (the registered master seed): the HDI endpoints'
-    bootstrap, one stream per contrast and dataset, so a row's z does not depend on the others.
+    bootstrap, one stream per contrast and dataset, so a row's z does not depend on the others;
+    ``datasets``: the K datasets' own numbers (default 0..K-1), which name the rows and their
+    streams, so runs of disjoint sets of datasets scored together give each row as scored alone.
     Returns the largest |z| per statistic and overall, the bound, the label flips (all, and
     those not near a boundary) and ``passed``; beside them, not judged, each contrast's and
     statistic's mean z over the datasets in units of its standard error (sqrt(K) x mean): a
     small bias shared by every dataset shows there long before any one dataset's |z| passes the
     bound."""
+    K = len(next(iter(short.values())))
+    numbers = list(range(K)) if datasets is None else [int(k) for k in datasets]
+    if len(numbers) != K or len(set(numbers)) != K or min(numbers, default=0) < 0:
+        raise ValueError(f"datasets {numbers}: give {K} distinct non-negative numbers, one per dataset of `short`")
     rows = []
     for name in short:
-        for k in range(len(short[name])):
+        for i, k in enumerate(numbers):
             rng = np.random.default_rng([int(seed), k, *name.encode()])
-            c = compare_contrast(short[name][k], long[name][k], hdi_prob, ropes[name], rng)
+            c = compare_contrast(short[name][i], long[name][i], hdi_prob, ropes[name], rng)
             rows.append({"contrast": name, "dataset": k, **{f"z_{s}": c["z"][s] for s in dg.STATISTICS},
                          "label": c["label"], "reference_label": c["reference_label"], "flip": c["flip"],
                          "near_boundary": c["near_boundary"]})
