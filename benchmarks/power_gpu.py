@@ -630,7 +630,7 @@ def validate(args) -> int:
                          "tune": 1000, "draws": long_draws,
                          "retries_target_accept": [t for t in REFERENCE_TARGET_ACCEPT if t is not None],
                          "attempts": [{"target_accept": t, "frame_form": f or "the rule's"} for t, f in REFERENCE_ATTEMPTS]},
-           "load_before": os.getloadavg(), "cpu_count": os.cpu_count()}
+           "settings_sha256": settings.sha256, "load_before": os.getloadavg(), "cpu_count": os.cpu_count()}
     # datasets 0..K-1 are scored; K..K+pilot-1 tune the frozen samplers (never scored)
     sims = [simulate_blocks(design, est, rules, "validate", args.scenario, i, seed, blocks, priors.fixed_sd)
             for i in range(K + (0 if adaptive else s.pilot_datasets))]

@@ -378,12 +378,13 @@ def subset(args) -> int:
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
-def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers) -> dict:
+def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers, sbc: dict | None = None) -> dict:
     """Item 3(a) on the datasets of a block numbered ``numbers`` (their positions in the export,
     one per dataset of ``h``) that have a reference: the candidate's contrast draws ``h`` (name ->
     (K, chains, draws)) against the export's references (``validation.compare_runs``), the
-    references' own convergence, and the verdict (no SBC here: it is ``power_gpu.py validate``'s,
-    so at best "incomplete"). ``failing``: per dataset, whether the candidate missed the rule."""
+    references' own convergence, and the verdict with ``sbc`` (``sbc_of``: item 3(b), run by
+    ``power_gpu.py validate`` on a reduced design; None: not given, so at best "incomplete").
+    ``failing``: per dataset, whether the candidate missed the rule."""
     from fear_assets.simulation import validation
 
     rule = argparse.Namespace(**top["convergence"])
@@ -395,19 +396,24 @@ def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers) -> dict:
                                    m["ropes"], top["master_seed"], datasets=ref.tolist())
     ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][ref])
     verdict = validation.verdict(comp["passed"], int(np.asarray(failing)[have].sum()),
-                                 ref_conv["datasets_failing_any"], None)
+                                 ref_conv["datasets_failing_any"], None if sbc is None else sbc["passed"])
     # the attempts of the compared datasets only: `references` may have added more since the run
     reference = {**m["reference"], "attempts": [m["reference"]["attempts"][k] for k in ref]}
     return {**{k: v for k, v in comp.items() if k != "rows"}, "datasets": len(ref),
             "dataset_numbers": ref.tolist(), "reference": reference, "reference_convergence": ref_conv,
-            "verdict": verdict, "rows": comp["rows"]}
+            "sbc": sbc, "verdict": verdict, "rows": comp["rows"]}
 
 
-def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.ndarray] | None:
+#: The sampler settings an SBC must share with the runs whose comparison it completes.
+SBC_VOUCHED_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept")
+
+
+def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.ndarray, dict | None] | None:
     """One block's saved draws (``run --save-draws``) from several runs of disjoint datasets (a
-    CPU fits a validation's datasets in turn): the contrast draws, the failing flags and the
-    datasets' numbers in the export, in the order of the numbers; None where no run saved the
-    block. A dataset saved twice is an error (which run would count?)."""
+    CPU fits a validation's datasets in turn): the contrast draws, the failing flags, the
+    datasets' numbers in the export (in the order of the numbers) and the runs' sampler settings
+    (None where a run saved none: saved before they were recorded); None where no run saved the
+    block. A dataset saved twice, or runs of different samplers, is an error (which would count?)."""
     parts = []
     for folder in folders:
         path = Path(folder) / f"{block}.npz"
@@ -422,10 +428,46 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
     if twice:
         raise SystemExit(f"--draws: datasets {twice} of block {block} are in more than one of "
                          f"{[str(p) for p, _, _ in parts]}; give each dataset's run once")
+    samplers = [json.loads(str(d["sampler"])) if "sampler" in d else None for _, d, _ in parts]
+    if any(x is None for x in samplers):
+        sampler = None
+    else:
+        sampler = samplers[0]
+        differ = [f"{p}: {x}" for (p, _, _), x in zip(parts, samplers)
+                  if any(x.get(k) != sampler.get(k) for k in SBC_VOUCHED_FIELDS)]
+        if differ:
+            raise SystemExit(f"--draws: runs of block {block} with other samplers than {parts[0][0]}'s "
+                             f"({sampler}): {differ}; score each sampler's runs on their own")
     order = np.argsort(numbers, kind="stable")
     h = {n: np.concatenate([d[n] for _, d, _ in parts])[order] for n in contrasts}
     failing = np.concatenate([np.asarray(d["failing"], dtype=bool) for _, d, _ in parts])[order]
-    return h, failing, numbers[order]
+    return h, failing, numbers[order], sampler
+
+
+def sbc_of(path: Path, sampler: dict | None, top: dict) -> dict:
+    """Item 3(b) for a registered-size comparison: the SBC of a ``power_gpu.py validate`` JSON
+    (the issue runs it on a reduced design), accepted only for the same sampler settings
+    (``SBC_VOUCHED_FIELDS``) and the same registered settings as the export, and only complete
+    with at least 500 prior draws; otherwise an error naming what differs."""
+    rec = json.loads(path.read_text())
+    sbc = rec.get("sbc") or {}
+    why = []
+    if not sbc.get("complete") or int(sbc.get("prior_draws", 0)) < 500:
+        why.append(f"its SBC is not complete with at least 500 prior draws ({sbc.get('prior_draws', 0)} ranked)")
+    if rec.get("settings_sha256") != top["settings_sha256"]:
+        why.append(f"settings_sha256 {str(rec.get('settings_sha256'))[:12]} is not the export's "
+                   f"{top['settings_sha256'][:12]} (run validate again with the current settings)")
+    if sampler is None:
+        why.append("the saved runs record no sampler settings (saved before they were): fit them again")
+    else:
+        ran = rec.get("sampler") or {}
+        why += [f"sampler {k} {ran.get(k)!r}, the runs' {sampler.get(k)!r}" for k in SBC_VOUCHED_FIELDS
+                if ran.get(k) != sampler.get(k)]
+    if why:
+        raise SystemExit(f"--sbc {path}: " + "; ".join(why))
+    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "design": f"{rec['frames']} frames x {rec['depths']} depths", "prior_draws": int(sbc["prior_draws"]),
+            "min_p": float(sbc["min_p"]), "passed": bool(sbc["passed"])}
 
 
 def rescore(args) -> int:
@@ -442,10 +484,12 @@ def rescore(args) -> int:
     for block in blocks:
         m = json.loads((art / block / "manifest.json").read_text())
         arr = dict(np.load(art / block / "arrays.npz"))
-        h, failing, numbers = saved_runs(folders, block, m["contrasts"])
+        h, failing, numbers, sampler = saved_runs(folders, block, m["contrasts"])
         if not (numbers < int(m["validate_datasets"])).any():
             continue
-        res["blocks"][block] = v = scored(h, failing, arr, m, top, numbers)
+        sbc = sbc_of(Path(args.sbc), sampler, top) if args.sbc else None
+        res["blocks"][block] = v = scored(h, failing, arr, m, top, numbers, sbc)
+        v["sampler"] = sampler
         v["max_z_per_dataset"] = [max(abs(r[f"z_{st}"]) for r in v["rows"] if r["dataset"] == k
                                       for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in v["dataset_numbers"]]
         V = v["datasets"]
@@ -607,7 +651,8 @@ def run(args) -> int:
             Path(args.save_draws).mkdir(parents=True, exist_ok=True)
             np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **h, step_size=ad.step_size,
                                 trajectory_length=ad.trajectory_length, divergences=np.asarray(fit["divergences"]),
-                                failing=np.asarray(counts["failing"]), first_dataset=F)
+                                failing=np.asarray(counts["failing"]), first_dataset=F,
+                                sampler=json.dumps(res["sampler"], sort_keys=True))
         res["blocks"][block] = entry
         res.pop("in_progress", None)
         save()
@@ -713,6 +758,8 @@ def main() -> int:
     q.add_argument("--artefacts", default=str(ART))
     q.add_argument("--draws", required=True, nargs="+",
                    help="the folder(s) run --save-draws wrote: runs of disjoint datasets are scored as one")
+    q.add_argument("--sbc", help="a power_gpu.py validate JSON whose SBC (item 3(b), a reduced design) completes the "
+                                 "verdict: the same sampler settings and registered settings, >= 500 prior draws")
     q.add_argument("--json", required=True)
     args = p.parse_args()
     return {"export": export, "subset": subset, "run": run, "references": references, "null": null,

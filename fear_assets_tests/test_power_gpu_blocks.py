@@ -164,6 +164,21 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
                             str(tmp_path / "first"), str(tmp_path / "second"), "--json", str(tmp_path / "twice.json")],
                            env=device_env, capture_output=True, text=True, timeout=900)
     assert twice.returncode != 0 and "datasets [1] of block primary are in more than one" in twice.stderr
+    # item 3(b) completes the verdict: a reduced design's SBC of the same sampler and settings (here a
+    # validate JSON written for the test: its SBC passes), so "SBC not run" leaves the reasons
+    ran = json.loads((out / "second.json").read_text())["sampler"]
+    sbc = {"frames": 50, "depths": 1, "settings_sha256": top["settings_sha256"], "sampler": ran,
+           "sbc": {"complete": True, "prior_draws": 500, "min_p": 0.2, "passed": True}}
+    (tmp_path / "sbc.json").write_text(json.dumps(sbc))
+    with_sbc = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                               str(tmp_path / "lease_draws"), str(tmp_path / "second"), "--sbc",
+                               str(tmp_path / "sbc.json"), "--json", str(tmp_path / "with_sbc.json")],
+                              env=device_env, capture_output=True, text=True, timeout=900)
+    assert with_sbc.returncode == 0, with_sbc.stderr[-3000:]
+    judged = json.loads((tmp_path / "with_sbc.json").read_text())["blocks"]["primary"]
+    assert judged["sbc"]["passed"] and judged["sampler"]["warmup"] == 20
+    assert "SBC not run" in union["verdict"]["reasons"] and "SBC not run" not in judged["verdict"]["reasons"]
+    assert judged["rows"] == union["rows"]
 
     # null: the registered sampler itself against the references, scored by the same rule
     nulled = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
@@ -180,3 +195,47 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "null.json").read_text())["rows"] == nr["rows"]
 
+
+
+def _blocks_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_power_gpu_blocks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_an_sbc_completes_a_comparison_only_for_the_same_sampler_and_settings(tmp_path):
+    """Item 3(b)'s SBC runs on a reduced design, the comparison at registered size: the SBC may
+    complete the comparison's verdict only where both ran the same sampler under the same
+    registered settings with at least 500 prior draws, and runs of different samplers are never
+    scored as one validation."""
+    mod = _blocks_script()
+    sampler = {"algorithm": "adaptive_hmc_dense_pooled", "chains": 4, "warmup": 400, "draws": 500,
+               "target_accept": 0.9}
+    top = {"settings_sha256": "a" * 64}
+    good = {"frames": 50, "depths": 1, "settings_sha256": "a" * 64, "sampler": {**sampler, "pilot_steps": 1000},
+            "sbc": {"complete": True, "prior_draws": 500, "min_p": 0.03, "passed": True}}
+    path = tmp_path / "sbc.json"
+    path.write_text(json.dumps(good))
+    assert mod.sbc_of(path, sampler, top)["passed"] is True
+    for change, says in (({"sampler": {**sampler, "target_accept": 0.8}}, "sampler target_accept 0.8"),
+                         ({"settings_sha256": "b" * 64}, "settings_sha256 bbbbbbbbbbbb"),
+                         ({"sbc": {**good["sbc"], "prior_draws": 499}}, "at least 500 prior draws")):
+        path.write_text(json.dumps({**good, **change}))
+        with pytest.raises(SystemExit, match=says):
+            mod.sbc_of(path, sampler, top)
+    path.write_text(json.dumps(good))
+    with pytest.raises(SystemExit, match="record no sampler settings"):
+        mod.sbc_of(path, None, top)
+    # two runs of disjoint datasets: one with another warm-up is refused; old runs (no sampler) carry none
+    for name, first, ran in (("a", 0, sampler), ("b", 2, {**sampler, "warmup": 200}), ("c", 2, None)):
+        (tmp_path / name).mkdir()
+        extra = {} if ran is None else {"sampler": json.dumps(ran)}
+        np.savez(tmp_path / name / "primary.npz", H1=np.zeros((2, 4, 5)), failing=np.zeros(2, dtype=bool),
+                 first_dataset=first, **extra)
+    with pytest.raises(SystemExit, match="other samplers"):
+        mod.saved_runs([tmp_path / "a", tmp_path / "b"], "primary", ["H1"])
+    h, failing, numbers, ran = mod.saved_runs([tmp_path / "c", tmp_path / "a"], "primary", ["H1"])
+    assert numbers.tolist() == [0, 1, 2, 3] and ran is None and h["H1"].shape == (4, 4, 5)
