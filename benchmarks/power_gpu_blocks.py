@@ -73,7 +73,7 @@ def export(args) -> int:
     sys.path.insert(0, str(ROOT))
     from fear_assets.core.settings import load_settings
     from fear_assets.models.h5_model import H5Priors
-    from fear_assets.models.primary_model import Fitter, Priors
+    from fear_assets.models.primary_model import Priors
     from fear_assets.simulation import accelerated as acc
     from fear_assets.simulation.blocks import REPORTED, outcome, simulate_blocks
     from fear_assets.simulation.design import simulated_design
@@ -97,7 +97,6 @@ def export(args) -> int:
             for i in range(args.datasets)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ref_fitter = Fitter(priors, args.reference_draws, 1000, 4, rule=rule)
     conv = settings.convergence
     summary = {}
     for block in blocks:
@@ -114,37 +113,22 @@ def export(args) -> int:
             raise RuntimeError(f"block {block}: exported log density differs from PyMC's: {check}")
         keep_idx = acc.kept_indices(prog)
         W, c, contrasts = acc.affine_contrasts(prog)
-        V = min(args.validate_datasets, len(idx)) if block in args.validate_blocks else 0
-        ref = {name: [] for name in contrasts}
-        ref_div, ref_attempts = [], []
-        for j in range(V):
-            b = sims[idx[j]][block]
-            draws, divergent, tried = pg.converged_reference(b, ref_fitter, priors, h5p, args.reference_draws,
-                                                             seed + 7 + idx[j], conv)
-            for name in contrasts:
-                ref[name].append(draws[name])
-            ref_div.append(divergent)
-            ref_attempts.append(tried)
-            print(f"[{time.perf_counter() - t0:.0f} s] {block}: reference {j + 1} of {V}", flush=True)
         d = out / block
         d.mkdir(exist_ok=True)
         # gzip: the design's constants (indices, covariates) in the module compress ~9x
         (d / pg.EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
+        # the references are added below, by the code `references` runs (cached, resumable)
         arrays = {"x0": jm.x0, "keep_idx": keep_idx, "dense_idx": acc.dense_block_indices(jm.names, jm.sizes),
-                  "Y": Y.astype(np.float32), "Y_validate": Y[:V].astype(np.float64), "contrast_W": W,
-                  "contrast_c": c, "reference_divergences": np.asarray(ref_div, dtype=np.int64)}
-        for name in contrasts:
-            arrays[f"reference_{name}"] = np.asarray(ref[name], dtype=np.float64).reshape(V, 4, args.reference_draws)
+                  "Y": Y.astype(np.float32), "Y_validate": Y[:0].astype(np.float64), "contrast_W": W,
+                  "contrast_c": c, "reference_divergences": np.zeros(0, dtype=np.int64),
+                  **{f"reference_{name}": np.zeros((0, 4, args.reference_draws)) for name in contrasts}}
         np.savez_compressed(d / "arrays.npz", **arrays)
         b0 = sims[idx[0]][block]
         manifest = {"block": block, "kind": b0.kind, "frame_form": forms[0], "rows": int(Y.shape[1]), "dim": jm.dim,
                     "names": list(jm.names), "sizes": list(map(int, jm.sizes)), "kept": list(prog.kept),
                     "datasets": idx, "datasets_of_another_form": len(sims) - len(idx), "contrasts": contrasts,
                     "ropes": {name: float(rules.sesoi) if b0.rope is None else float(b0.rope) for name in contrasts},
-                    "validate_datasets": V,
-                    "reference": {"sampler": "nutpie, the registered model (Fitter, the registered frame rule)",
-                                  "chains": 4, "tune": 1000, "draws": args.reference_draws,
-                                  "attempts": ref_attempts} if V else None,
+                    "validate_datasets": 0, "reference": None,
                     "check_vs_pymc": {"points": args.check_points, "max_diff": check},
                     "export_sha256": hashlib.sha256(blob).hexdigest(), "export_s": time.perf_counter() - t}
         (d / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -162,6 +146,11 @@ def export(args) -> int:
            "hdi_prob": settings.decision.hdi_prob, "platforms": ["cpu", "cuda"],
            "jax_export_version": __import__("jax").__version__, "per_block": summary}
     (out / "manifest.json").write_text(json.dumps(top, indent=1) + "\n")
+    for block in blocks:
+        if block in args.validate_blocks and args.validate_datasets:
+            same_form = len(json.loads((out / block / "manifest.json").read_text())["datasets"])
+            add_references(out, block, min(args.validate_datasets, same_form), args.reference_draws,
+                           args.reference_cache, t0)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"exported blocks={len(blocks)} frames={args.frames} depths={args.depths} datasets={args.datasets} "
           f"bytes={size} total_s={time.perf_counter() - t0:.0f} out={out}")
@@ -218,51 +207,57 @@ class Exported:
 def references(args) -> int:
     """More nutpie references for one block of an existing export, up to ``--datasets``: item
     3(a) asks for at least 64 datasets per scenario, and a registered-size reference runs for
-    minutes, so this runs in many sittings. The block's datasets are drawn again from the export's
-    manifest (their seeds depend only on it) and must equal the exported outcomes; each attempt is
-    kept in ``--reference-cache`` and ``arrays.npz`` is rewritten (whole, then renamed) after every
-    dataset, so a stopped run loses at most the dataset it was fitting."""
+    minutes, so this runs in many sittings (``add_references``)."""
+    add_references(Path(args.artefacts), args.block, int(args.datasets), args.reference_draws,
+                   args.reference_cache, time.perf_counter())
+    return 0
+
+
+def add_references(art: Path, block: str, n: int, reference_draws: int, cache, t0: float) -> None:
+    """Nutpie references of ``block``'s first ``n`` datasets (``export``'s, then ``references``'
+    more): the datasets are drawn again from the export's manifest (their seeds depend only on
+    it) and must equal the exported outcomes; each attempt is kept in ``cache`` and
+    ``arrays.npz`` is rewritten (whole, then renamed) after every dataset, so a stopped run
+    loses at most the dataset it was fitting."""
     from fear_assets.models.primary_model import Fitter
     from fear_assets.simulation.blocks import outcome
 
-    t0 = time.perf_counter()
-    ex = Exported(Path(args.artefacts), args.block)
+    ex = Exported(art, block)
     m, arr, d = ex.m, ex.arr, ex.dir
-    V0, n = int(m["validate_datasets"]), int(args.datasets)
+    V0 = int(m["validate_datasets"])
     if n > len(m["datasets"]):
-        raise SystemExit(f"--datasets {n}: the export holds {len(m['datasets'])} datasets of block {args.block}")
-    if V0 and m["reference"]["draws"] != args.reference_draws:
-        raise SystemExit(f"--reference-draws {args.reference_draws}: the export's references have "
+        raise SystemExit(f"--datasets {n}: the export holds {len(m['datasets'])} datasets of block {block}")
+    if V0 and m["reference"]["draws"] != reference_draws:
+        raise SystemExit(f"--reference-draws {reference_draws}: the export's references have "
                          f"{m['reference']['draws']}; give that")
-    ref_fitter = Fitter(ex.priors, args.reference_draws, 1000, 4, rule=ex.rule)
+    ref_fitter = Fitter(ex.priors, reference_draws, 1000, 4, rule=ex.rule)
     attempts = list((m["reference"] or {}).get("attempts", []))
-    print(f"[0 s] {args.block}: {V0} references, extending to {n}", flush=True)
+    print(f"[{time.perf_counter() - t0:.0f} s] {block}: {V0} references, extending to {n}", flush=True)
     for j in range(V0, n):
         k = m["datasets"][j]
         b = ex.dataset(j)
         draws, divergent, tried = pg.converged_reference(
-            b, ref_fitter, ex.priors, ex.h5p, args.reference_draws, ex.seed + 7 + k, ex.settings.convergence,
-            cache=args.reference_cache,
+            b, ref_fitter, ex.priors, ex.h5p, reference_draws, ex.seed + 7 + k, ex.settings.convergence,
+            cache=cache,
             log=lambda msg, k=k: print(f"[{time.perf_counter() - t0:.0f} s] dataset {k}: {msg}", flush=True))
         arr["Y_validate"] = np.concatenate([arr["Y_validate"][:j], outcome(b)[None].astype(np.float64)])
         arr["reference_divergences"] = np.append(arr["reference_divergences"][:j], divergent).astype(np.int64)
         for name in m["contrasts"]:
-            x = np.asarray(draws[name], dtype=np.float64).reshape(1, 4, args.reference_draws)
+            x = np.asarray(draws[name], dtype=np.float64).reshape(1, 4, reference_draws)
             arr[f"reference_{name}"] = np.concatenate([arr[f"reference_{name}"][:j], x]) if j else x
         attempts.append(tried)
         m["validate_datasets"] = j + 1
         m["reference"] = {"sampler": "nutpie, the registered model (Fitter, the registered frame rule)", "chains": 4,
-                          "tune": 1000, "draws": args.reference_draws, "attempts": attempts}
+                          "tune": 1000, "draws": reference_draws, "attempts": attempts}
         tmp = d / "arrays.tmp.npz"
         np.savez_compressed(tmp, **arr)
         os.replace(tmp, d / "arrays.npz")
         (d / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
-        print(f"[{time.perf_counter() - t0:.0f} s] {args.block}: reference {j + 1} of {n} kept", flush=True)
-    ex.top["per_block"][args.block]["validate_datasets"] = int(m["validate_datasets"])
+        print(f"[{time.perf_counter() - t0:.0f} s] {block}: reference {j + 1} of {n} kept", flush=True)
+    ex.top["per_block"][block]["validate_datasets"] = int(m["validate_datasets"])
     (ex.art / "manifest.json").write_text(json.dumps(ex.top, indent=1) + "\n")
-    print(f"references block={args.block} validate_datasets={m['validate_datasets']} "
+    print(f"references block={block} validate_datasets={m['validate_datasets']} "
           f"total_s={time.perf_counter() - t0:.0f}")
-    return 0
 
 
 def null(args) -> int:
@@ -707,6 +702,8 @@ def main() -> int:
                    help="blocks whose first datasets get a long nutpie reference (item 3(a) on the device)")
     e.add_argument("--validate-datasets", type=int, default=4)
     e.add_argument("--reference-draws", type=int, default=1000, help="draws per chain of the reference (4 chains)")
+    e.add_argument("--reference-cache", default=str(ROOT / "data" / "cache" / "power_validation"),
+                   help="where each reference attempt is kept and read back (as references keeps them)")
     e.add_argument("--check-points", type=int, default=2)
     e.add_argument("--out", default=str(ART))
     r = sub.add_parser("run", help="fit every exported block on this machine's accelerator (no PyMC)")

@@ -27,7 +27,8 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
     export = subprocess.run([sys.executable, str(SCRIPT), "export", "--frames", "5", "--depths", "1", "--datasets", "2",
                              "--blocks", "primary", "forced_choice", "--validate-blocks", "primary",
-                             "--validate-datasets", "1", "--reference-draws", "200", "--out", str(art)],
+                             "--validate-datasets", "1", "--reference-draws", "200", "--out", str(art),
+                             "--reference-cache", str(tmp_path / "cache")],
                             env=env, capture_output=True, text=True, timeout=1200)
     assert export.returncode == 0, export.stderr[-3000:]
     top = json.loads((art / "manifest.json").read_text())
@@ -35,7 +36,10 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     for block in top["blocks"]:
         m = json.loads((art / block / "manifest.json").read_text())
         assert max(m["check_vs_pymc"]["max_diff"]["logp_rel"], m["check_vs_pymc"]["max_diff"]["dlogp_rel"]) < 1e-8
-    assert json.loads((art / "primary" / "manifest.json").read_text())["contrasts"] == ["H1", "H2", "H3"]
+    first = json.loads((art / "primary" / "manifest.json").read_text())
+    assert first["contrasts"] == ["H1", "H2", "H3"] and first["validate_datasets"] == 1
+    assert len(first["reference"]["attempts"]) == 1 and top["per_block"]["primary"]["validate_datasets"] == 1
+    assert len(list((tmp_path / "cache").glob("reference-primary-*.npz"))) == len(first["reference"]["attempts"][0])
 
     out = tmp_path / "out"
     device_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
