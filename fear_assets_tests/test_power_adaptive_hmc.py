@@ -326,3 +326,55 @@ def test_the_shrunk_dense_block_whitens_a_posterior_that_a_short_window_estimate
         shrunk = np.asarray(oas_towards_diagonal(cov, np.float64(len(x)))[0])
         raw, oas_, diagonal = spread(true, cov), spread(true, shrunk), spread(true, np.diag(np.diag(cov)))
         assert oas_ < raw / 5 and oas_ < diagonal / 2, (seed, raw, oas_, diagonal)
+
+
+def test_the_remedy_extends_only_the_datasets_that_miss_the_rule_and_keeps_every_dataset(settings):
+    """6.1's remedy on the accelerator path: "a dataset whose fit misses the convergence rule on
+    any reported contrast is extended (more draws), and after that counted and kept (D7), never
+    dropped". Simulated: a batch in which some datasets meet the rule and some miss it (the
+    rule's ESS set between them). Only those missing it continue their chains; a dataset that
+    meets it keeps its first fit's draws, whichever datasets share its batch; one that never
+    meets it is extended the registered number of times and kept."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Priors
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation.blocks import outcome, simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+    from fear_assets_tests.test_power_jax_models import estimates
+
+    jax.config.update("jax_enable_x64", True)
+    priors, h5p = Priors.from_settings(settings), H5Priors.from_settings(settings)
+    design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
+    blocks = [simulate_blocks(design, estimates(), Rules.from_settings(settings), "remedy", "meaningful", i,
+                              settings.master_seed, ("primary", "forced_choice"), priors.fixed_sd)["forced_choice"]
+              for i in range(4)]
+    prog = acc.block_program(blocks[0], priors, h5p, rule=settings.fitting.frame_parametrisation)
+    Y = np.stack([outcome(b) for b in blocks])
+    s = SimpleNamespace(algorithm=acc.ADAPTIVE, chains=2, warmup=150, draws=100, extension_draws=60,
+                        target_accept=0.8)
+    tuned = acc.tune(prog, Y, s, seed=7)
+    first = acc.contrast_draws(prog, acc.fit_batch(tuned, Y, 8, s.warmup, s.draws)["kept"])
+    ess = np.array([min(dg.ess_bulk(x[k]) for x in first.values()) for k in range(len(Y))])
+    low, high = np.sort(ess)[0], np.sort(ess)[-1]
+    assert high > low, ess
+    rule = SimpleNamespace(rhat_max=10.0, ess_bulk_min=(low + high) / 2, ess_tail_min=0.0, divergences_max=10 ** 6)
+    _, draws, div, extended = acc.fit_with_remedy(prog, tuned, Y, s, 7, rule, extensions=2)
+    missing = ess < rule.ess_bulk_min
+    assert extended and extended[0] == missing.sum() and len(div) == len(Y)
+    for name, x in first.items():
+        for k in range(len(Y)):
+            if missing[k]:  # continued: its first draws, then more
+                assert draws[name][k].shape[1] > s.draws
+                np.testing.assert_array_equal(draws[name][k][:, :s.draws], x[k])
+            else:  # met the rule: its first fit's draws, not one more
+                np.testing.assert_array_equal(draws[name][k], x[k])
+    # a rule no dataset meets: every dataset extended the registered number of times, none dropped
+    never = SimpleNamespace(**{**vars(rule), "ess_bulk_min": 1e9})
+    _, draws, div, extended = acc.fit_with_remedy(prog, tuned, Y, s, 7, never, extensions=2)
+    assert extended == [len(Y), len(Y)] and len(div) == len(Y)
+    assert all(x.shape == (2, s.draws + 2 * s.extension_draws) for v in draws.values() for x in v)

@@ -979,6 +979,19 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 "positions": np.asarray(last, dtype=float)}
 
 
+def fit_of_datasets(fit: dict, rows) -> dict:
+    """The part of an adaptive fit (``BatchedAdaptiveHMC.fit_kept`` or ``extend``) that belongs
+    to the datasets at ``rows``: every per-dataset array and each dataset's adapted kernel, so
+    ``extend`` continues only those datasets' chains (the convergence remedy extends a batch's
+    failing datasets, not the datasets that already meet the rule)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    ad = fit["adapted"]
+    per_dataset = ("kept", "divergences", "gradients", "acceptance", "warmup_divergences", "positions")
+    return {**fit, **{k: np.asarray(fit[k])[rows] for k in per_dataset if k in fit},
+            "adapted": AdaptedHMC(ad.step_size[rows], ad.trajectory_length[rows], ad.inverse_mass_matrix[rows],
+                                  ad.dense_idx, None if ad.dense_chol is None else ad.dense_chol[rows])}
+
+
 def _n_max(eps, length, u, max_steps):
     """The leapfrog steps a batch's transition runs: its longest trajectory."""
     import jax.numpy as jnp
