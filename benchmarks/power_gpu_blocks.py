@@ -387,7 +387,7 @@ def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers, sbc: dict |
     have = np.flatnonzero(numbers < int(m["validate_datasets"]))  # rows of h with a reference
     ref = numbers[have]
     long = {name: arr[f"reference_{name}"][ref] for name in m["contrasts"]}
-    comp = validation.compare_runs({n: np.asarray(x)[have] for n, x in h.items()}, long, top["hdi_prob"],
+    comp = validation.compare_runs({n: [x[i] for i in have] for n, x in h.items()}, long, top["hdi_prob"],
                                    m["ropes"], top["master_seed"], datasets=ref.tolist())
     ref_conv = validation.convergence_counts(long, rule, arr["reference_divergences"][ref])
     verdict = validation.verdict(comp["passed"], int(np.asarray(failing)[have].sum()),
@@ -434,7 +434,13 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
             raise SystemExit(f"--draws: runs of block {block} with other samplers than {parts[0][0]}'s "
                              f"({sampler}): {differ}; score each sampler's runs on their own")
     order = np.argsort(numbers, kind="stable")
-    h = {n: np.concatenate([d[n] for _, d, _ in parts])[order] for n in contrasts}
+    # each dataset's draws, without the padding of a run whose extended datasets have more (runs differ in length)
+    h: dict = {n: [] for n in contrasts}
+    for _, d, _ in parts:
+        lengths = d.get("draws_per_dataset", np.full(len(d["failing"]), d[contrasts[0]].shape[2]))
+        for n in contrasts:
+            h[n] += [x[:, :L] for x, L in zip(d[n], lengths)]
+    h = {n: [x[i] for i in order] for n, x in h.items()}
     failing = np.concatenate([np.asarray(d["failing"], dtype=bool) for _, d, _ in parts])[order]
     return h, failing, numbers[order], sampler
 
@@ -600,30 +606,46 @@ def run(args) -> int:
             h = f["kept"] @ W + c  # (K, chains, draws, contrasts)
             return {name: h[..., j] for j, name in enumerate(m["contrasts"])}
 
-        # extensions' compile seconds are kept apart: a simulation compiles each shape once per process
-        rounds, ext_s, ext_compile_s, cut = 0, 0.0, 0.0, None
+        # the remedy as power_simulation's accelerator path runs it (accelerated.fit_with_remedy): only the
+        # datasets missing the rule continue, each with its own kernel, in a program of their own; an
+        # extended dataset has more draws than the others. Extensions' compile seconds are kept apart: a
+        # simulation compiles each shape once per process.
+        h = {name: list(x) for name, x in contrast_draws(fit).items()}
+        divs = list(np.asarray(fit["divergences"]))
+        part, at, extended, ext_s, ext_compile_s, cut = fit, np.arange(K), [], 0.0, 0.0, None
         for r in range(extensions):
-            counts = validation.convergence_counts(contrast_draws(fit), rule, fit["divergences"])
-            if counts["datasets_failing_any"] == 0:
+            failing = np.asarray(validation.convergence_counts(h, rule, divs)["failing"], dtype=bool)
+            if not failing.any():
                 break
-            # a round costs about its draws' share of the first fit; one that would pass the deadline is
-            # not started (recorded), so a device lease ends with this block's figures written
+            # a round costs about its draws' share of the first fit (lockstep: a few datasets cost about as
+            # much as the batch); one that would pass the deadline is not started (recorded), so a device
+            # lease ends with this block's figures written
             why = past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline)
             if why:
                 cut = f"round {r + 1} of {extensions} not run: {why}"
                 break
             te: dict = {}
-            # the whole batch continues (one array); a production batch extends only its failing datasets
-            fit = sampler.extend(Y, fit, top["master_seed"] + 2 + r, top["extension_draws"], timings=te)
-            rounds, ext_s, ext_compile_s = rounds + 1, ext_s + te["run_s"], ext_compile_s + te["compile_s"]
-        h = contrast_draws(fit)
-        counts = validation.convergence_counts(h, rule, fit["divergences"])
+            rows = np.flatnonzero(failing[at])
+            part = sampler.extend(Y[at[rows]], vec.fit_of_datasets(part, rows), top["master_seed"] + 2 + r,
+                                  top["extension_draws"], timings=te)
+            at = at[rows]
+            for name, x in contrast_draws(part).items():
+                for i, k in enumerate(at):
+                    h[name][k] = x[i]
+            for i, k in enumerate(at):
+                divs[k] = np.asarray(part["divergences"])[i]
+            extended.append(len(at))
+            ext_s, ext_compile_s = ext_s + te["run_s"], ext_compile_s + te["compile_s"]
+        rounds = len(extended)
+        counts = validation.convergence_counts(h, rule, divs)
+        lengths = np.array([x.shape[1] for x in h[m["contrasts"][0]]])
         wall = time.perf_counter() - t
         run_s = tm["run_s"] + ext_s
-        per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + made + rounds * top["extension_draws"])
+        per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + lengths.max())
         ad = fit["adapted"]
         entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F, "chains": chains,
-                 "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds, "extension_s": ext_s,
+                 "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds,
+                 "datasets_extended": extended, "extension_s": ext_s,
                  "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,
                  "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
                  # the first fit's seconds scaled to the validated lengths (400 + the registered draws), for a
@@ -635,7 +657,8 @@ def run(args) -> int:
                  "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),
                  "batch_leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
                  "draws_per_chain": int(fit["kept"].shape[2]),
-                 "divergences_per_dataset": np.asarray(fit["divergences"]).sum(axis=1).tolist(),
+                 "draws_per_chain_per_dataset": lengths.tolist(),
+                 "divergences_per_dataset": [int(np.sum(d)) for d in divs],
                  "step_size": [float(v) for v in ad.step_size],
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
@@ -644,9 +667,12 @@ def run(args) -> int:
             comp, verdict = entry["validation"], entry["validation"]["verdict"]
         if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
             Path(args.save_draws).mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **h, step_size=ad.step_size,
-                                trajectory_length=ad.trajectory_length, divergences=np.asarray(fit["divergences"]),
-                                failing=np.asarray(counts["failing"]), first_dataset=F,
+            # an extended dataset has more draws: each dataset's row is padded with NaN to the longest
+            padded = {name: np.stack([np.pad(x, ((0, 0), (0, lengths.max() - x.shape[1])), constant_values=np.nan)
+                                      for x in xs]) for name, xs in h.items()}
+            np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **padded, draws_per_dataset=lengths,
+                                step_size=ad.step_size, trajectory_length=ad.trajectory_length,
+                                divergences=np.stack(divs), failing=np.asarray(counts["failing"]), first_dataset=F,
                                 sampler=json.dumps(res["sampler"], sort_keys=True))
         res["blocks"][block] = entry
         res.pop("in_progress", None)

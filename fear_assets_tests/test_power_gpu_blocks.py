@@ -150,11 +150,14 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     # run of dataset 0; each keeps its own rows, and a dataset saved by two runs is refused
     second = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
                              "--blocks", "primary", "--first-dataset", "1", "--warmup", "20", "--draws", "20",
-                             "--extensions", "0", "--json", "second.json", "--save-draws", str(tmp_path / "second")],
+                             "--extensions", "1", "--json", "second.json", "--save-draws", str(tmp_path / "second")],
                             cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     one = json.loads((out / "second.json").read_text())["blocks"]["primary"]
     assert one["datasets"] == 1 and one["first_dataset"] == 1 and one["validation"]["dataset_numbers"] == [1]
+    # 20 draws miss the rule: the remedy's one round continues the dataset (its own chains, registered draws)
+    assert one["extensions"] == 1 and one["datasets_extended"] == [1]
+    assert one["draws_per_chain_per_dataset"] == [20 + top["extension_draws"]] and one["draws_per_chain"] == 20
     assert {r["dataset"] for r in one["validation"]["rows"]} == {1}
     both = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
                            str(tmp_path / "lease_draws"), str(tmp_path / "second"), "--json", str(tmp_path / "both.json")],
@@ -242,4 +245,14 @@ def test_an_sbc_completes_a_comparison_only_for_the_same_sampler_and_settings(tm
     with pytest.raises(SystemExit, match="other samplers"):
         mod.saved_runs([tmp_path / "a", tmp_path / "b"], "primary", ["H1"])
     h, failing, numbers, ran = mod.saved_runs([tmp_path / "c", tmp_path / "a"], "primary", ["H1"])
-    assert numbers.tolist() == [0, 1, 2, 3] and ran is None and h["H1"].shape == (4, 4, 5)
+    assert numbers.tolist() == [0, 1, 2, 3] and ran is None and [x.shape for x in h["H1"]] == [(4, 5)] * 4
+    # a run whose second dataset was not extended (its row padded with NaN to the extended one's draws),
+    # scored with a run of another length
+    (tmp_path / "d").mkdir()
+    padded = np.zeros((2, 4, 6))
+    padded[1, :, 3:] = np.nan
+    np.savez(tmp_path / "d" / "primary.npz", H1=padded, failing=np.zeros(2, dtype=bool), first_dataset=4,
+             draws_per_dataset=np.array([6, 3]), sampler=json.dumps(sampler))
+    h, _, numbers, _ = mod.saved_runs([tmp_path / "d", tmp_path / "a"], "primary", ["H1"])
+    assert numbers.tolist() == [0, 1, 4, 5] and [x.shape for x in h["H1"]] == [(4, 5), (4, 5), (4, 6), (4, 3)]
+    assert not any(np.isnan(x).any() for x in h["H1"])
