@@ -602,48 +602,31 @@ def run(args) -> int:
             chunk_s = tc["run_s"]
         W, c = arr["contrast_W"], arr["contrast_c"]
 
-        def contrast_draws(f):
-            h = f["kept"] @ W + c  # (K, chains, draws, contrasts)
+        def contrast_draws(kept):
+            h = kept @ W + c  # (K, chains, draws, contrasts)
             return {name: h[..., j] for j, name in enumerate(m["contrasts"])}
 
-        # the remedy as power_simulation's accelerator path runs it (accelerated.fit_with_remedy): only the
+        # the remedy as power_simulation's accelerator path runs it (vectorised.extend_missing): only the
         # datasets missing the rule continue, each with its own kernel, in a program of their own; an
-        # extended dataset has more draws than the others. Extensions' compile seconds are kept apart: a
-        # simulation compiles each shape once per process.
-        h = {name: list(x) for name, x in contrast_draws(fit).items()}
-        divs = list(np.asarray(fit["divergences"]))
-        part, at, extended, ext_s, ext_compile_s, cut = fit, np.arange(K), [], 0.0, 0.0, None
-        for r in range(extensions):
-            failing = np.asarray(validation.convergence_counts(h, rule, divs)["failing"], dtype=bool)
-            if not failing.any():
-                break
-            # a round costs about its draws' share of the first fit (lockstep: a few datasets cost about as
-            # much as the batch); one that would pass the deadline is not started (recorded), so a device
-            # lease ends with this block's figures written
-            why = past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline)
-            if why:
-                cut = f"round {r + 1} of {extensions} not run: {why}"
-                break
-            te: dict = {}
-            rows = np.flatnonzero(failing[at])
-            part = sampler.extend(Y[at[rows]], vec.fit_of_datasets(part, rows), top["master_seed"] + 2 + r,
-                                  top["extension_draws"], timings=te)
-            at = at[rows]
-            for name, x in contrast_draws(part).items():
-                for i, k in enumerate(at):
-                    h[name][k] = x[i]
-            for i, k in enumerate(at):
-                divs[k] = np.asarray(part["divergences"])[i]
-            extended.append(len(at))
-            ext_s, ext_compile_s = ext_s + te["run_s"], ext_compile_s + te["compile_s"]
-        rounds = len(extended)
+        # extended dataset has more draws than the others. A round costs about its draws' share of the
+        # first fit (lockstep: a few datasets cost about what the batch costs); one that would pass the
+        # deadline is not started (recorded), so a lease ends with this block's figures written.
+        # Extensions' compile seconds are kept apart: a simulation compiles each shape once per process.
+        remedied = vec.extend_missing(
+            sampler, Y, fit, contrast_draws,
+            lambda draws, div: validation.convergence_counts(draws, rule, div)["failing"],
+            top["master_seed"] + 2, top["extension_draws"], extensions,
+            stop=lambda r: past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline))
+        h, divs, extended = remedied.draws, remedied.divergences, remedied.extended
+        ext_s, ext_compile_s, cut, rounds = remedied.run_s, remedied.compile_s, remedied.stopped, len(extended)
         counts = validation.convergence_counts(h, rule, divs)
         lengths = np.array([x.shape[1] for x in h[m["contrasts"][0]]])
         wall = time.perf_counter() - t
         run_s = tm["run_s"] + ext_s
         per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + lengths.max())
         ad = fit["adapted"]
-        entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F, "chains": chains,
+        entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F,
+                 "chains": chains,
                  "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds,
                  "datasets_extended": extended, "extension_s": ext_s,
                  "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,

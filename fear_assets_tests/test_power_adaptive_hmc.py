@@ -363,7 +363,8 @@ def test_the_remedy_extends_only_the_datasets_that_miss_the_rule_and_keeps_every
     low, high = np.sort(ess)[0], np.sort(ess)[-1]
     assert high > low, ess
     rule = SimpleNamespace(rhat_max=10.0, ess_bulk_min=(low + high) / 2, ess_tail_min=0.0, divergences_max=10 ** 6)
-    _, draws, div, extended = acc.fit_with_remedy(prog, tuned, Y, s, 7, rule, extensions=2)
+    _, fit = acc.fit_with_remedy(prog, tuned, Y, s, 7, rule, extensions=2)
+    draws, div, extended = fit.draws, fit.divergences, fit.extended
     missing = ess < rule.ess_bulk_min
     assert extended and extended[0] == missing.sum() and len(div) == len(Y)
     for name, x in first.items():
@@ -375,6 +376,7 @@ def test_the_remedy_extends_only_the_datasets_that_miss_the_rule_and_keeps_every
                 np.testing.assert_array_equal(draws[name][k], x[k])
     # a rule no dataset meets: every dataset extended the registered number of times, none dropped
     never = SimpleNamespace(**{**vars(rule), "ess_bulk_min": 1e9})
-    _, draws, div, extended = acc.fit_with_remedy(prog, tuned, Y, s, 7, never, extensions=2)
+    _, fit = acc.fit_with_remedy(prog, tuned, Y, s, 7, never, extensions=2)
+    draws, div, extended = fit.draws, fit.divergences, fit.extended
     assert extended == [len(Y), len(Y)] and len(div) == len(Y)
     assert all(x.shape == (2, s.draws + 2 * s.extension_draws) for v in draws.values() for x in v)

@@ -160,7 +160,8 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert one["draws_per_chain_per_dataset"] == [20 + top["extension_draws"]] and one["draws_per_chain"] == 20
     assert {r["dataset"] for r in one["validation"]["rows"]} == {1}
     both = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
-                           str(tmp_path / "lease_draws"), str(tmp_path / "second"), "--json", str(tmp_path / "both.json")],
+                           str(tmp_path / "lease_draws"), str(tmp_path / "second"),
+                           "--json", str(tmp_path / "both.json")],
                           env=device_env, capture_output=True, text=True, timeout=900)
     assert both.returncode == 0, both.stderr[-3000:]
     union = json.loads((tmp_path / "both.json").read_text())["blocks"]["primary"]

@@ -29,7 +29,8 @@ from fear_assets.models.parametrisation import frame_parametrisation
 from fear_assets.simulation.blocks import BlockData, outcome
 from fear_assets.simulation.validation import convergence_counts
 from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES, BatchedNUTS, FrozenHMC, JaxifiedModel,
-                                               constrained_fn, fit_of_datasets, jaxified_logdensity)
+                                               Remedied, constrained_fn, extend_missing,
+                                               jaxified_logdensity)
 
 #: The candidate of the CPU validation (issue 28): jittered HMC with every dataset's own warm-up
 #: (``vectorised.BatchedAdaptiveHMC``). Not a registered ``simulation_sampler.algorithm`` until
@@ -245,48 +246,20 @@ def fit_batch(tuned: Tuned, Y: np.ndarray, seed: int, warmup: int, draws: int) -
     return {**out, "timings": timings}
 
 
-def extend_batch(tuned: Tuned, Y: np.ndarray, fit: dict, seed: int, draws: int) -> dict:
-    """The registered convergence remedy on the accelerator path (the adaptive candidates):
-    every dataset of ``fit`` (the rows of ``Y``) continues its chains for ``draws`` more draws
-    with its adapted kernel. ``timings`` gains ``extension_compile_s``/``_run_s``, summed over
-    rounds."""
-    t: dict = {}
-    out = tuned.sampler.extend(Y, fit, seed, draws, timings=t)
-    timings = dict(fit["timings"])
-    timings["extension_compile_s"] = timings.get("extension_compile_s", 0.0) + t["compile_s"]
-    timings["extension_run_s"] = timings.get("extension_run_s", 0.0) + t["run_s"]
-    return {**out, "timings": timings}
-
-
 def fit_with_remedy(prog: BlockProgram, tuned: Tuned, Y: np.ndarray, sampler, seed: int, convergence,
-                    extensions: int) -> tuple[dict, dict[str, list[np.ndarray]], list[np.ndarray], list[int]]:
-    """One program's datasets (the rows of ``Y``) fitted, then the registered remedy: while a
-    dataset misses the ``convergence`` rule on a reported contrast, ONLY THE DATASETS MISSING IT
-    continue their chains (``sampler.extension_draws`` more, seed ``seed + 2 + r``) in a program
-    of their own, up to ``extensions`` rounds, and are then kept whatever they reach (D7). A
-    dataset that meets the rule keeps its first fit's draws, whichever other datasets share its
-    batch. Returns the first fit, each dataset's contrast draws and divergences (an extended
-    dataset has more draws) and how many datasets each round extended."""
+                    extensions: int) -> tuple[dict, Remedied]:
+    """One program's datasets (the rows of ``Y``) fitted (seed ``seed + 1``), then the
+    registered remedy (``vectorised.extend_missing``: only the datasets missing the
+    ``convergence`` rule on a reported contrast continue, ``sampler.extension_draws`` more, seed
+    ``seed + 2 + r``, up to ``extensions`` rounds, and are then kept: D7). Returns the first fit
+    (its ``timings`` with the extensions' ``extension_compile_s``/``_run_s``) and each dataset's
+    draws and divergences."""
     fit = fit_batch(tuned, Y, seed + 1, sampler.warmup, sampler.draws)
-    draws = {c: list(x) for c, x in contrast_draws(prog, fit["kept"]).items()}
-    divergent = list(np.asarray(fit["divergences"]))
-    part, at, extended = fit, np.arange(len(Y)), []
-    for r in range(extensions):
-        failing = np.asarray(convergence_counts(draws, convergence, divergent)["failing"], dtype=bool)
-        if not failing.any():
-            break
-        rows = np.flatnonzero(failing[at])  # those of the extended part that still miss the rule
-        part = extend_batch(tuned, Y[at[rows]], fit_of_datasets(part, rows), seed + 2 + r, sampler.extension_draws)
-        at = at[rows]
-        for c, x in contrast_draws(prog, part["kept"]).items():
-            for i, k in enumerate(at):
-                draws[c][k] = x[i]
-        for i, k in enumerate(at):
-            divergent[k] = np.asarray(part["divergences"])[i]
-        fit = {**fit, "timings": {**fit["timings"], **{k: v for k, v in part["timings"].items()
-                                                        if k.startswith("extension")}}}
-        extended.append(len(at))
-    return fit, draws, divergent, extended
+    remedied = extend_missing(tuned.sampler, Y, fit, lambda kept: contrast_draws(prog, kept),
+                              lambda draws, div: convergence_counts(draws, convergence, div)["failing"],
+                              seed + 2, sampler.extension_draws, extensions)
+    timings = {**fit["timings"], "extension_compile_s": remedied.compile_s, "extension_run_s": remedied.run_s}
+    return {**fit, "timings": timings}, remedied
 
 
 def frame_form(b: BlockData, rule) -> str | None:
@@ -340,7 +313,8 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
         t = time.perf_counter()
         tuned = tune(prog, tuning, sampler, seed)
         tune_s += time.perf_counter() - t
-        fit, draws, div, extended = fit_with_remedy(prog, tuned, Y[idx], sampler, seed, convergence, extensions)
+        fit, remedied = fit_with_remedy(prog, tuned, Y[idx], sampler, seed, convergence, extensions)
+        draws, div, extended = remedied.draws, remedied.divergences, remedied.extended
         rounds = len(extended)
         run_s += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
         for c, x in draws.items():

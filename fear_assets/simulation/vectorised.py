@@ -992,6 +992,57 @@ def fit_of_datasets(fit: dict, rows) -> dict:
                                   ad.dense_idx, None if ad.dense_chol is None else ad.dense_chol[rows])}
 
 
+@dataclass
+class Remedied:
+    """What ``extend_missing`` leaves: each dataset's contrast draws (name -> one (chains,
+    draws) array per dataset; an extended dataset has more draws) and divergences per chain,
+    the datasets each round extended, the extensions' seconds, and why a round was not run
+    (None: none was stopped)."""
+
+    draws: dict[str, list[np.ndarray]]
+    divergences: list[np.ndarray]
+    extended: list[int]
+    run_s: float = 0.0
+    compile_s: float = 0.0
+    stopped: str | None = None
+
+
+def extend_missing(sampler, Y: np.ndarray, fit: dict, contrasts: Callable[[np.ndarray], dict],
+                   missing: Callable[[dict, list], np.ndarray], seed: int, draws: int, rounds: int,
+                   stop: Callable[[int], str | None] = lambda r: None) -> Remedied:
+    """The registered convergence remedy (6.1, D7) on a batch fitted together (``fit``: an
+    adaptive sampler's ``fit_kept`` for the rows of ``Y``): while ``missing(draws, divergences)``
+    flags a dataset (it misses the rule on a reported contrast), ONLY THE FLAGGED DATASETS
+    continue their chains, each with its own adapted kernel, for ``draws`` more draws in a
+    program of their own (seed ``seed + r``), up to ``rounds`` times; every dataset is kept
+    whatever it reaches. A dataset that meets the rule keeps its first draws, whichever datasets
+    share its batch. ``contrasts(kept)`` gives name -> (k, chains, draws) of kept draws (k,
+    chains, draws, d); ``stop(r)``: why round ``r`` is not to run (a deadline), or None."""
+    out = Remedied({name: list(x) for name, x in contrasts(fit["kept"]).items()},
+                   list(np.asarray(fit["divergences"])), [])
+    part, at = fit, np.arange(len(Y))
+    for r in range(rounds):
+        flagged = np.asarray(missing(out.draws, out.divergences), dtype=bool)
+        if not flagged.any():
+            break
+        why = stop(r)
+        if why:
+            out.stopped = f"round {r + 1} of {rounds} not run: {why}"
+            break
+        rows = np.flatnonzero(flagged[at])  # those of the extended part that still miss the rule
+        t: dict = {}
+        part = sampler.extend(Y[at[rows]], fit_of_datasets(part, rows), seed + r, draws, timings=t)
+        at = at[rows]
+        for name, x in contrasts(part["kept"]).items():
+            for i, k in enumerate(at):
+                out.draws[name][k] = x[i]
+        for i, k in enumerate(at):
+            out.divergences[k] = np.asarray(part["divergences"])[i]
+        out.extended.append(len(at))
+        out.run_s, out.compile_s = out.run_s + t["run_s"], out.compile_s + t["compile_s"]
+    return out
+
+
 def _n_max(eps, length, u, max_steps):
     """The leapfrog steps a batch's transition runs: its longest trajectory."""
     import jax.numpy as jnp
