@@ -45,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ART = ROOT / ".gpu_power"
+#: Where reference attempts and SBC batches are kept and read back (``kept_or_fitted``).
+REFERENCE_CACHE = ROOT / "data" / "cache" / "power_validation"
 EXPORT_FILE = "logdensity.jaxexport.gz"
 #: The unregistered candidates with every dataset's own warm-up (``accelerated.ADAPTIVE_ALGORITHMS``,
 #: named here because the device imports neither PyMC nor the package's model modules).
@@ -927,7 +929,7 @@ def main() -> int:
     v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default "
                    "accelerated.ADAPTIVE_TARGET_ACCEPT, 0.9); recorded in the JSON's sampler")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
-    v.add_argument("--reference-cache", type=Path, default=ROOT / "data" / "cache" / "power_validation",
+    v.add_argument("--reference-cache", type=Path, default=REFERENCE_CACHE,
                    help="folder keeping each finished reference run and SBC batch, read back by a later validation "
                         "of the same datasets (keyed by their data, settings, seeds and the code that fits them)")
     v.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "power_validation.json"))

@@ -711,7 +711,7 @@ def main() -> int:
                    help="blocks whose first datasets get a long nutpie reference (item 3(a) on the device)")
     e.add_argument("--validate-datasets", type=int, default=4)
     e.add_argument("--reference-draws", type=int, default=1000, help="draws per chain of the reference (4 chains)")
-    e.add_argument("--reference-cache", default=str(ROOT / "data" / "cache" / "power_validation"),
+    e.add_argument("--reference-cache", default=str(pg.REFERENCE_CACHE),
                    help="where each reference attempt is kept and read back (as references keeps them)")
     e.add_argument("--check-points", type=int, default=2)
     e.add_argument("--out", default=str(ART))
@@ -747,7 +747,7 @@ def main() -> int:
     f.add_argument("--block", default="primary")
     f.add_argument("--datasets", type=int, required=True, help="validation datasets wanted in all")
     f.add_argument("--reference-draws", type=int, default=4000, help="draws per chain, as the export's references")
-    f.add_argument("--reference-cache", default=str(ROOT / "data" / "cache" / "power_validation"),
+    f.add_argument("--reference-cache", default=str(pg.REFERENCE_CACHE),
                    help="where each reference attempt is kept, so a stopped run resumes")
     n = sub.add_parser("null", help="the registered sampler against the export's references: the rule's false "
                        "alarms (needs PyMC and nutpie)")
