@@ -636,8 +636,9 @@ def run(args) -> int:
                  "s_per_dataset_first_fit_at_validated_lengths":
                      tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
                  "draws_cut_by_deadline": draws_cut,
-                 # every chain runs the batch's longest trajectory of each transition (lockstep)
-                 "gradients_per_dataset": float(np.asarray(fit["gradients"]).sum(axis=1).mean()),
+                 # every chain runs the batch's longest trajectory of each transition (lockstep);
+                 # a dataset's gradients include its extensions', the batch's steps its first fit's
+                 "gradients_per_dataset": float(np.mean([np.sum(g) for g in remedied.gradients])),
                  "batch_leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
                  "draws_per_chain": int(fit["kept"].shape[2]),
                  "draws_per_chain_per_dataset": lengths.tolist(),

@@ -363,9 +363,13 @@ def test_the_remedy_extends_only_the_datasets_that_miss_the_rule_and_keeps_every
     low, high = np.sort(ess)[0], np.sort(ess)[-1]
     assert high > low, ess
     rule = SimpleNamespace(rhat_max=10.0, ess_bulk_min=(low + high) / 2, ess_tail_min=0.0, divergences_max=10 ** 6)
-    _, fit = acc.fit_with_remedy(prog, tuned, Y, s, 7, rule, extensions=2)
+    first_fit, fit = acc.fit_with_remedy(prog, tuned, Y, s, 7, rule, extensions=2)
     draws, div, extended = fit.draws, fit.divergences, fit.extended
     missing = ess < rule.ess_bulk_min
+    # the gradient evaluations counted per dataset: its extensions' added, the others' its first fit's
+    for k in range(len(Y)):
+        more = fit.gradients[k] > first_fit["gradients"][k]
+        assert more.all() if missing[k] else not more.any(), (k, fit.gradients[k], first_fit["gradients"][k])
     assert extended and extended[0] == missing.sum() and len(div) == len(Y)
     for name, x in first.items():
         for k in range(len(Y)):

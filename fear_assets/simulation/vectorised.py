@@ -995,12 +995,13 @@ def fit_of_datasets(fit: dict, rows) -> dict:
 @dataclass
 class Remedied:
     """What ``extend_missing`` leaves: each dataset's contrast draws (name -> one (chains,
-    draws) array per dataset; an extended dataset has more draws) and divergences per chain,
-    the datasets each round extended, the extensions' seconds, and why a round was not run
-    (None: none was stopped)."""
+    draws) array per dataset; an extended dataset has more draws), divergences and gradient
+    evaluations per chain (its extensions' included), the datasets each round extended, the
+    extensions' seconds, and why a round was not run (None: none was stopped)."""
 
     draws: dict[str, list[np.ndarray]]
     divergences: list[np.ndarray]
+    gradients: list[np.ndarray]
     extended: list[int]
     run_s: float = 0.0
     compile_s: float = 0.0
@@ -1019,7 +1020,7 @@ def extend_missing(sampler, Y: np.ndarray, fit: dict, contrasts: Callable[[np.nd
     share its batch. ``contrasts(kept)`` gives name -> (k, chains, draws) of kept draws (k,
     chains, draws, d); ``stop(r)``: why round ``r`` is not to run (a deadline), or None."""
     out = Remedied({name: list(x) for name, x in contrasts(fit["kept"]).items()},
-                   list(np.asarray(fit["divergences"])), [])
+                   list(np.asarray(fit["divergences"])), list(np.asarray(fit["gradients"])), [])
     part, at = fit, np.arange(len(Y))
     for r in range(rounds):
         flagged = np.asarray(missing(out.draws, out.divergences), dtype=bool)
@@ -1036,8 +1037,9 @@ def extend_missing(sampler, Y: np.ndarray, fit: dict, contrasts: Callable[[np.nd
         for name, x in contrasts(part["kept"]).items():
             for i, k in enumerate(at):
                 out.draws[name][k] = x[i]
-        for i, k in enumerate(at):
+        for i, k in enumerate(at):  # extend's counts are cumulative: they replace the dataset's
             out.divergences[k] = np.asarray(part["divergences"])[i]
+            out.gradients[k] = np.asarray(part["gradients"])[i]
         out.extended.append(len(at))
         out.run_s, out.compile_s = out.run_s + t["run_s"], out.compile_s + t["compile_s"]
     return out
