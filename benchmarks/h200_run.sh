@@ -61,4 +61,23 @@ if [ "$BLOCKS_S" -gt 0 ]; then
   timeout "$BLOCKS_S" python3 benchmarks/power_gpu_blocks.py run --platform "${PLATFORM:-cuda}" \
     --max-seconds $((BLOCKS_S - 30)) ${BLOCKS_ARGS:-} 2>&1 | tee "$OUT/power_gpu_blocks.log"
 fi
+# Issue 28's item 3(a) at registered size, several scenarios in one lease: VALIDATE_S seconds shared
+# by the folders in VALIDATE_ARTEFACTS, each `power_gpu_blocks.py subset --blocks primary --datasets 64
+# --without-references` of one scenario's export (made here, with its references; about a third of
+# the size, so three fit in the 64 MiB carried). Each folder's draws go to $OUT/draws_<folder> and are
+# scored where the references are: `power_gpu_blocks.py rescore --artefacts <its export> --draws ...
+# --sbc <the reduced design's validate JSON>`. E.g.
+#   GPU_S=0 POWER_S=0 VALIDATE_S=540 VALIDATE_ARTEFACTS=".lease_meaningful .lease_null .lease_sesoi"
+VALIDATE_S="${VALIDATE_S:-0}"
+if [ "$VALIDATE_S" -gt 0 ]; then
+  read -r -a folders <<< "${VALIDATE_ARTEFACTS:?VALIDATE_ARTEFACTS: the subset folders to fit}"
+  each=$((VALIDATE_S / ${#folders[@]}))
+  for a in "${folders[@]}"; do
+    name=$(basename "$a"); name="${name#.}"
+    timeout "$each" python3 benchmarks/power_gpu_blocks.py run --platform "${PLATFORM:-cuda}" --artefacts "$a" \
+      --blocks primary --chunk-draws 100 --algorithm "${VALIDATE_ALGORITHM:-adaptive_hmc_dense_pooled}" \
+      --max-seconds $((each - 20)) --save-draws "$OUT/draws_$name" --json "power_gpu_blocks_$name.json" \
+      2>&1 | tee "$OUT/power_gpu_blocks_$name.log"
+  done
+fi
 ls -la "$OUT"

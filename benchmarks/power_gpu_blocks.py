@@ -344,8 +344,11 @@ def null(args) -> int:
 def subset(args) -> int:
     """A copy of an export with only ``--blocks``, each cut to its first ``--datasets`` datasets
     (blocks named in ``--whole`` keep all of theirs): a lease carries at most 64 MiB with the tree,
-    and a registered-size export of 64 datasets is about 50 MB. The validation datasets, the
-    references and the log densities are copied unchanged."""
+    and a registered-size export of 64 datasets is about 50 MB. The validation datasets and the
+    log densities are copied unchanged; the references too, unless ``--without-references``
+    (about two thirds of a registered-size primary block: the device then fits the validation
+    datasets exactly as the references saw them, and ``rescore`` with the whole export scores
+    its saved draws here, so three scenarios' blocks fit in one lease)."""
     src, out = Path(args.artefacts), Path(args.out)
     top = json.loads((src / "manifest.json").read_text())
     unknown = [b for b in (*args.blocks, *args.whole) if b not in top["blocks"]]
@@ -365,6 +368,9 @@ def subset(args) -> int:
         arr = dict(np.load(src / block / "arrays.npz"))
         k = max(args.datasets, m["validate_datasets"])  # never fewer than the references compare
         arr["Y"], m["datasets"] = arr["Y"][:k], m["datasets"][:k]
+        if args.without_references:
+            arr = {name: x for name, x in arr.items() if not name.startswith("reference_")}
+            m["references_left_in"] = str(src)
         np.savez_compressed(out / block / "arrays.npz", **arr)
         (out / block / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -560,6 +566,9 @@ def run(args) -> int:
         K = min(args.datasets or len(m["datasets"]) - F, len(m["datasets"]) - F)
         numbers = np.arange(F, F + K)
         V = int((numbers < m["validate_datasets"]).sum())  # the run's datasets that have a reference
+        # a subset --without-references: the validation datasets are fitted as the references saw them,
+        # and scored where the references are (rescore --draws with the whole export)
+        scoring = V and "references_left_in" not in m
         if per_row_s is not None:
             why = past_deadline(per_row_s * K * m["rows"] * (warmup + draws * (1 + extensions)) / (warmup + draws),
                                 deadline)
@@ -646,7 +655,9 @@ def run(args) -> int:
                  "step_size": [float(v) for v in ad.step_size],
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
-        if V:
+        if not scoring and V:
+            entry["validation_left_to"] = f"rescore --draws with {m['references_left_in']} (its references)"
+        if scoring:
             entry["validation"] = scored(h, counts["failing"], arr, m, top, numbers)
             comp, verdict = entry["validation"], entry["validation"]["verdict"]
         if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
@@ -657,7 +668,8 @@ def run(args) -> int:
             np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **padded, draws_per_dataset=lengths,
                                 step_size=ad.step_size, trajectory_length=ad.trajectory_length,
                                 divergences=np.stack(divs), failing=np.asarray(counts["failing"]), first_dataset=F,
-                                sampler=json.dumps(res["sampler"], sort_keys=True))
+                                # the draws made: a run cut by its deadline is not the sampler an SBC vouches for
+                                sampler=json.dumps({**res["sampler"], "draws": made}, sort_keys=True))
         res["blocks"][block] = entry
         res.pop("in_progress", None)
         save()
@@ -666,7 +678,7 @@ def run(args) -> int:
               f"{counts['datasets_failing_any']} of {K}" + (f"; vs reference: max |z| {comp['max_z']:.2f} (bound "
                                                           f"{comp['z_bound']:.2f}), label flips {comp['label_flips']}, "
                                                           f"{verdict['status']}"
-                                                          if V else ""), flush=True)
+                                                          if scoring else ""), flush=True)
     done = res["blocks"]
     if done:
         total = sum(v["s_per_dataset"] for v in done.values())
@@ -742,6 +754,8 @@ def main() -> int:
     c.add_argument("--blocks", nargs="+", required=True)
     c.add_argument("--datasets", type=int, required=True, help="datasets kept per block (not fewer than its references)")
     c.add_argument("--whole", nargs="*", default=[], help="blocks that keep every dataset")
+    c.add_argument("--without-references", action="store_true",
+                   help="leave the references out (scored here: rescore --draws with this export)")
     f = sub.add_parser("references", help="more nutpie references for one block of an export, resumable "
                        "(needs PyMC and nutpie)")
     f.add_argument("--artefacts", default=str(ART))

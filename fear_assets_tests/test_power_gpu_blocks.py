@@ -75,7 +75,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     short = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
                             "--warmup", "30", "--draws", "30", "--chunk-draws", "10", "--extensions", "2",
                             "--max-seconds", "0.5",
-                            "--json", "short.json"],
+                            "--json", "short.json", "--save-draws", str(tmp_path / "short_draws")],
                            cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert short.returncode == 0, short.stderr[-3000:]
     cut = json.loads((out / "short.json").read_text())
@@ -85,6 +85,8 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert primary["extensions"] == 0 and primary["extensions_cut_by_deadline"].startswith("round 1 of 2 not run")
     assert set(cut["blocks"]) == {"primary"} and cut["skipped"][0].startswith("forced_choice: projected")
     assert "in_progress" not in cut  # finished blocks leave no marker
+    # its saved draws record the draws made, so an SBC of the 30-draw sampler does not vouch for them
+    assert json.loads(str(np.load(tmp_path / "short_draws" / "primary.npz")["sampler"]))["draws"] == 10
 
     # subset: what a lease carries, blocks cut to fewer datasets but never fewer than their references compare
     lease = tmp_path / "lease"
@@ -101,6 +103,27 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert on_lease.returncode == 0, on_lease.stderr[-3000:]
     leased = json.loads((out / "lease.json").read_text())["blocks"]["primary"]
     assert leased["datasets"] == 1 and leased["validation"]["datasets"] == 1
+    # a lease without the references (smaller, so several scenarios fit): the same fit, scored here
+    light = tmp_path / "light"
+    light_export = subprocess.run([sys.executable, str(SCRIPT), "subset", "--artefacts", str(art), "--out", str(light),
+                                   "--blocks", "primary", "--datasets", "0", "--without-references"],
+                                  env=device_env, capture_output=True, text=True, timeout=300)
+    assert light_export.returncode == 0, light_export.stderr[-3000:]
+    assert (light / "primary" / "arrays.npz").stat().st_size < (lease / "primary" / "arrays.npz").stat().st_size
+    on_light = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(light), "--platform", "cpu",
+                               "--blocks", "primary", "--warmup", "20", "--draws", "20", "--extensions", "0",
+                               "--json", "light.json", "--save-draws", str(tmp_path / "light_draws")],
+                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert on_light.returncode == 0, on_light.stderr[-3000:]
+    lit = json.loads((out / "light.json").read_text())
+    assert "validation" not in lit["blocks"]["primary"] and lit["validation"]["status"] == "not run"
+    assert str(art) in lit["blocks"]["primary"]["validation_left_to"]
+    scored_here = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                                  str(tmp_path / "light_draws"), "--json", str(tmp_path / "light_rescore.json")],
+                                 env=device_env, capture_output=True, text=True, timeout=900)
+    assert scored_here.returncode == 0, scored_here.stderr[-3000:]
+    assert json.loads((tmp_path / "light_rescore.json").read_text())["blocks"]["primary"]["rows"] == \
+        leased["validation"]["rows"]
 
     # --chunk-draws: the draws in chunks continuing the warm-up's kernels, all of them when time allows
     chunked = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
