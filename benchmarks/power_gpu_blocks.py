@@ -407,6 +407,8 @@ def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers, sbc: dict |
 
 #: The sampler settings an SBC must share with the runs whose comparison it completes.
 SBC_VOUCHED_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept")
+# item 3(a): "on at least 64 datasets per scenario"; a verdict on fewer is said to be short of it
+DATASETS_PER_SCENARIO = 64
 
 
 def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.ndarray, dict | None] | None:
@@ -500,7 +502,10 @@ def rescore(args) -> int:
         v["max_z_per_dataset"] = [max(abs(r[f"z_{st}"]) for r in v["rows"] if r["dataset"] == k
                                       for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in v["dataset_numbers"]]
         V = v["datasets"]
-        print(f"{block}: {V} datasets, max |z| {v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
+        v["scenario"], v["datasets_needed"] = top["scenario"], DATASETS_PER_SCENARIO
+        v["enough_datasets"] = V >= DATASETS_PER_SCENARIO
+        print(f"{block}: {V} datasets of the {top['scenario']} scenario ({DATASETS_PER_SCENARIO} needed), max |z| "
+              f"{v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
               f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
               f"{v['verdict']['status']}", flush=True)
     out = Path(args.json)

@@ -166,6 +166,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert rescored.returncode == 0, rescored.stderr[-3000:]
     again = json.loads((tmp_path / "rescore.json").read_text())["blocks"]
     assert set(again) == {"primary"} and again["primary"]["datasets"] == 2
+    assert again["primary"]["datasets_needed"] == 64 and not again["primary"]["enough_datasets"]
     assert [r for r in again["primary"]["rows"] if r["dataset"] == 0] == v["rows"]
     assert {r["dataset"] for r in again["primary"]["rows"]} == {0, 1}
 
