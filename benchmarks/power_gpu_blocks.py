@@ -407,7 +407,7 @@ def scored(h: dict, failing, arr: dict, m: dict, top: dict, numbers, sbc: dict |
 
 #: The sampler settings an SBC must share with the runs whose comparison it completes.
 SBC_VOUCHED_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept")
-# item 3(a): "on at least 64 datasets per scenario"; a verdict on fewer is said to be short of it
+#: Item 3(a): "on at least 64 datasets per scenario"; a verdict on fewer is said to be short of it.
 DATASETS_PER_SCENARIO = 64
 
 
@@ -660,11 +660,11 @@ def run(args) -> int:
                  "step_size": [float(v) for v in ad.step_size],
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
-        if not scoring and V:
-            entry["validation_left_to"] = f"rescore --draws with {m['references_left_in']} (its references)"
         if scoring:
             entry["validation"] = scored(h, counts["failing"], arr, m, top, numbers)
             comp, verdict = entry["validation"], entry["validation"]["verdict"]
+        elif V:
+            entry["validation_left_to"] = f"rescore --draws with {m['references_left_in']} (its references)"
         if args.save_draws:  # every chain's contrast draws and the adapted kernels, for a diagnosis
             Path(args.save_draws).mkdir(parents=True, exist_ok=True)
             # an extended dataset has more draws: each dataset's row is padded with NaN to the longest
