@@ -66,8 +66,10 @@ fi
 # --without-references` of one scenario's export (made here, with its references; about a third of
 # the size, so three fit in the 64 MiB carried). Each folder's draws go to $OUT/draws_<folder> and are
 # scored where the references are: `power_gpu_blocks.py rescore --artefacts <its export> --draws ...
-# --sbc <the reduced design's validate JSON>`. E.g.
-#   GPU_S=0 POWER_S=0 VALIDATE_S=540 VALIDATE_ARTEFACTS=".lease_meaningful .lease_null .lease_sesoi"
+# --sbc <the reduced design's validate JSON>`. Name the folders .gpu_power_blocks_lease_<scenario>
+# (git ignores .gpu_power_blocks*, so they travel only when carried). E.g.
+#   GPU_S=0 POWER_S=0 VALIDATE_S=540 VALIDATE_ARTEFACTS=".gpu_power_blocks_lease_meaningful
+#     .gpu_power_blocks_lease_null .gpu_power_blocks_lease_sesoi"
 VALIDATE_S="${VALIDATE_S:-0}"
 if [ "$VALIDATE_S" -gt 0 ]; then
   read -r -a folders <<< "${VALIDATE_ARTEFACTS:?VALIDATE_ARTEFACTS: the subset folders to fit}"

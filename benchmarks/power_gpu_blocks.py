@@ -346,9 +346,10 @@ def subset(args) -> int:
     (blocks named in ``--whole`` keep all of theirs): a lease carries at most 64 MiB with the tree,
     and a registered-size export of 64 datasets is about 50 MB. The validation datasets and the
     log densities are copied unchanged; the references too, unless ``--without-references``
-    (about two thirds of a registered-size primary block: the device then fits the validation
-    datasets exactly as the references saw them, and ``rescore`` with the whole export scores
-    its saved draws here, so three scenarios' blocks fit in one lease)."""
+    (about two thirds of a registered-size primary block: the device then fits every kept dataset
+    exactly as its reference sees it, made or still to be made, ``float64_outcomes``, and
+    ``rescore`` with the whole export scores its saved draws here, so three scenarios' blocks fit
+    in one lease)."""
     src, out = Path(args.artefacts), Path(args.out)
     top = json.loads((src / "manifest.json").read_text())
     unknown = [b for b in (*args.blocks, *args.whole) if b not in top["blocks"]]
@@ -371,11 +372,25 @@ def subset(args) -> int:
         if args.without_references:
             arr = {name: x for name, x in arr.items() if not name.startswith("reference_")}
             m["references_left_in"] = str(src)
+            arr["Y_validate"] = float64_outcomes(src, block, arr["Y_validate"], k)
         np.savez_compressed(out / block / "arrays.npz", **arr)
         (out / block / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"subset blocks={len(args.blocks)} bytes={size} out={out}")
     return 0
+
+
+def float64_outcomes(art: Path, block: str, have: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` datasets' outcomes in float64, as their references fit them: ``have`` (the
+    datasets with a reference) and the others drawn again from the export's manifest (checked equal
+    to the exported float32 ones). So a lease, or a run here, fits a scenario whose references are
+    still running exactly as they will see it, and ``rescore`` scores its draws against them later."""
+    if len(have) >= k:
+        return have
+    ex = Exported(art, block)
+    from fear_assets.simulation.blocks import outcome  # Exported puts the project on the path
+
+    return np.concatenate([have, *(outcome(ex.dataset(j))[None].astype(np.float64) for j in range(len(have), k))])
 
 
 # -- run (device: numpy, scipy, jax, blackjax) -------------------------------------------------
@@ -590,7 +605,10 @@ def run(args) -> int:
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
         Y = arr["Y"][F:F + K].astype(np.float64)
-        Y[:V] = arr["Y_validate"][F:F + V]  # the validation datasets exactly as the references saw them
+        # the validation datasets exactly as the references saw them (in a subset --without-references,
+        # every dataset: float64_outcomes)
+        exact = int((numbers < len(arr["Y_validate"])).sum())
+        Y[:exact] = arr["Y_validate"][F:F + exact]
         # a killed run (a lease's timeout) still says what it was doing and since when
         res["in_progress"] = {"block": block, "datasets": K, "since_elapsed_s": time.perf_counter() - t_start,
                               "what": f"warm-up {warmup} + first {args.chunk_draws or draws} draws, one program"}
@@ -760,7 +778,8 @@ def main() -> int:
     c.add_argument("--datasets", type=int, required=True, help="datasets kept per block (not fewer than its references)")
     c.add_argument("--whole", nargs="*", default=[], help="blocks that keep every dataset")
     c.add_argument("--without-references", action="store_true",
-                   help="leave the references out (scored here: rescore --draws with this export)")
+                   help="leave the references out (scored here: rescore --draws with this export); every kept "
+                        "dataset is fitted in float64, as its reference sees it")
     f = sub.add_parser("references", help="more nutpie references for one block of an export, resumable "
                        "(needs PyMC and nutpie)")
     f.add_argument("--artefacts", default=str(ART))

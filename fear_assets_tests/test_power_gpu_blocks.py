@@ -144,6 +144,15 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert saved["failing"].tolist() == fc["convergence"]["failing"]
     assert fc["gradients_per_dataset"] >= fc["chains"] * 60
 
+    # a lease made before a dataset's reference exists still fits that dataset as the reference will see it
+    early = tmp_path / "early"
+    early_export = subprocess.run([sys.executable, str(SCRIPT), "subset", "--artefacts", str(art), "--out", str(early),
+                                   "--blocks", "primary", "--datasets", "2", "--without-references"],
+                                  env=env, capture_output=True, text=True, timeout=300)
+    assert early_export.returncode == 0, early_export.stderr[-3000:]
+    early_outcomes = np.load(early / "primary" / "arrays.npz")["Y_validate"]
+    assert early_outcomes.shape[0] == 2 and early_outcomes.dtype == np.float64
+
     # references: one more nutpie reference for the exported primary block, the first kept as it was
     before = dict(np.load(art / "primary" / "arrays.npz"))
     more = subprocess.run([sys.executable, str(SCRIPT), "references", "--artefacts", str(art), "--block", "primary",
@@ -156,6 +165,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert after["reference_H1"].shape == (2, 4, 200) and after["Y_validate"].shape[0] == 2
     np.testing.assert_array_equal(after["reference_H1"][0], before["reference_H1"][0])
     np.testing.assert_array_equal(after["Y_validate"][1].astype(np.float32), after["Y"][1])
+    np.testing.assert_array_equal(early_outcomes, after["Y_validate"])  # float64 to the last bit, not float32's
     assert not (art / "primary" / "arrays.tmp.npz").exists()
 
     # rescore: the first run's saved draws scored again reproduce its own comparison row for row, and
@@ -192,6 +202,19 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert union["dataset_numbers"] == [0, 1] and union["comparisons"] == 2 * 3 * 4
     assert [r for r in union["rows"] if r["dataset"] == 0] == leased["validation"]["rows"]
     assert [r for r in union["rows"] if r["dataset"] == 1] == one["validation"]["rows"]
+    # the early lease's fit of dataset 1 (no reference when it was made), scored here: the same rows
+    on_early = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(early), "--platform", "cpu",
+                               "--blocks", "primary", "--first-dataset", "1", "--warmup", "20", "--draws", "20",
+                               "--extensions", "1", "--json", "early.json",
+                               "--save-draws", str(tmp_path / "early_draws")],
+                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert on_early.returncode == 0, on_early.stderr[-3000:]
+    early_scored = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                                   str(tmp_path / "early_draws"), "--json", str(tmp_path / "early_rescore.json")],
+                                  env=device_env, capture_output=True, text=True, timeout=900)
+    assert early_scored.returncode == 0, early_scored.stderr[-3000:]
+    assert json.loads((tmp_path / "early_rescore.json").read_text())["blocks"]["primary"]["rows"] == \
+        one["validation"]["rows"]
     twice = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
                             str(tmp_path / "first"), str(tmp_path / "second"), "--json", str(tmp_path / "twice.json")],
                            env=device_env, capture_output=True, text=True, timeout=900)
