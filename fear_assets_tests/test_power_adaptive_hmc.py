@@ -103,6 +103,39 @@ def test_a_pooled_length_is_one_trajectory_length_for_the_batch_and_each_dataset
             assert dg.rhat(x) < 1.01 and dg.ess_bulk(x) > 400, (k, j)
 
 
+def _wide_and_narrow(x, y):
+    """N(y, diag(NARROW_TO_WIDE^2)): scales from 1e-4 to 1, so the cold start (+-0.5 about 0) is
+    thousands of SDs out in the narrow directions, as a registered-size model's unit intercepts."""
+    return -0.5 * (((x - y) / NARROW_TO_WIDE) ** 2).sum()
+
+
+NARROW_TO_WIDE = np.logspace(-4, 0, 200)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_pooled_length_survives_the_cold_starts_transient(seed):
+    """From the cold start, the first transitions are rejected and the step size crashes, which
+    cuts the length to max_steps x eps, while the transient's ChEES gradients (1e5 at registered
+    size) would fill Adam's memory for the whole warm-up. A registered-size pair of datasets ended
+    its warm-up that way (length 0.65 against about 10, bulk ESS 8 after both extensions): the
+    length adapts from the first slow window on, and this batch of two meets the rule."""
+    from fear_assets.simulation.vectorised import BatchedAdaptiveHMC, FrozenHMC
+
+    Y = np.random.default_rng(1).normal(0.0, 0.1, (2, NARROW_TO_WIDE.size)) * NARROW_TO_WIDE
+    sampler = BatchedAdaptiveHMC(_wide_and_narrow, NARROW_TO_WIDE.size, np.zeros(NARROW_TO_WIDE.size),
+                                 target_accept=0.9, pool_length=True)
+    fit = sampler.fit_kept(Y, FrozenHMC.cold_start(np.zeros(NARROW_TO_WIDE.size), 4, seed), seed + 1, warmup=400,
+                           draws=500)
+    ad = fit["adapted"]
+    assert np.all(ad.trajectory_length / ad.step_size > 50), (ad.trajectory_length, ad.step_size)
+    for k in range(2):
+        for j in (0, NARROW_TO_WIDE.size // 2, NARROW_TO_WIDE.size - 1):  # narrowest, middle, widest: 3 "contrasts"
+            x = fit["kept"][k, :, :, j]
+            assert dg.rhat(x) < 1.01 and dg.ess_bulk(x) > 400, (k, j, dg.rhat(x), dg.ess_bulk(x))
+            assert abs(x.mean() - Y[k, j]) / dg.mcse_mean(x) < 4.5, (k, j)
+    assert fit["divergences"].sum() == 0
+
+
 @pytest.mark.parametrize("steps", [0, 19, 100, 200, 400, 1000])
 def test_stan_windows_have_slow_windows_between_fast_buffers(steps):
     slow, end = stan_windows(steps)

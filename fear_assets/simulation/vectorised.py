@@ -747,7 +747,8 @@ class BatchedAdaptiveHMC(BatchedChEES):
     ``block_metric``); with ``shrink_dense``, each window's dense estimate is shrunk towards its
     diagonal first (``oas_towards_diagonal``). L_k: the ChEES criterion (Hoffman, Radul and Sountsov 2021;
     the whitened form of BlackJAX's ``chees_adaptation``) ascended by Adam in log L on
-    dataset k's chains, its running average kept; with ``pool_length``, one L for the batch:
+    dataset k's chains from the first slow window on (the initial fast window is the cold start's
+    transient), its running average kept; with ``pool_length``, one L for the batch:
     the criterion's gradient averaged over every dataset (each centred on its own chains, in its
     own whitened frame, where datasets of one design have a similar shape), so the length rests
     on K x chains chains rather than one dataset's few (ChEES's estimate from 4 chains is noisy,
@@ -785,6 +786,12 @@ class BatchedAdaptiveHMC(BatchedChEES):
             return st._replace(log_step_size_avg=jnp.zeros_like(eps), avg_error=jnp.zeros_like(eps))
 
         slow_np, end_np = stan_windows(warmup)
+        # the length adapts from the first slow window on: ChEES's criterion assumes chains near their
+        # stationary distribution, and in the cold start's transient the step size crashes (the
+        # length is cut to max_steps x eps) while gradients of 1e5 fill Adam's memory for the rest
+        # of the warm-up, which froze the length of a registered-size batch at a fifteenth of the others'
+        adapt_np = np.arange(warmup) >= (int(np.argmax(slow_np)) if slow_np.any() else 0)
+        first_adapt = float(np.argmax(adapt_np)) if adapt_np.any() else 0.0
         b1, b2, clip = 0.9, 0.999, 0.35  # Adam's defaults; BlackJAX's clip of a log-length update
 
         def step(key, state, y, eps, imm, chol, n):
@@ -831,7 +838,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
 
             def warm(carry, xs):
                 states, da, log_l, adam_m, adam_v, ma_l, imm, chol_r, s0, s1, s2, S2, t = carry
-                ks, u, slow, end = xs
+                ks, u, slow, end, adapt = xs
                 eps, length = jnp.exp(da.log_step_size), jnp.exp(log_l)
                 x_before = states.position
                 states, info, _ = transition(states, ks, u, eps, length, imm, chol_r)
@@ -852,9 +859,11 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 g = jnp.where(jnp.isfinite(g), g, 0.0)
                 if pool:  # one length for the batch: every dataset's criterion gradient averaged
                     g = jnp.broadcast_to(g.mean(), g.shape)
-                adam_m = b1 * adam_m + (1 - b1) * g
-                adam_v = b2 * adam_v + (1 - b2) * g ** 2
-                upd = lr * (adam_m / (1 - b1 ** t)) / (jnp.sqrt(adam_v / (1 - b2 ** t)) + 1e-8)
+                adam_m = jnp.where(adapt, b1 * adam_m + (1 - b1) * g, adam_m)
+                adam_v = jnp.where(adapt, b2 * adam_v + (1 - b2) * g ** 2, adam_v)
+                ta = jnp.maximum(t - first_adapt, 1.0)  # Adam's steps so far
+                upd = jnp.where(adapt, lr * (adam_m / (1 - b1 ** ta)) / (jnp.sqrt(adam_v / (1 - b2 ** ta)) + 1e-8),
+                                0.0)
                 lo, hi = jnp.log(eps), jnp.log(max_steps * eps)
                 if pool:  # one length, kept within the batch's widest range: a dataset whose own range it
                     lo, hi = lo.min(), hi.max()  # leaves runs 1 or max_steps leapfrog steps (``transition``)
@@ -885,7 +894,8 @@ class BatchedAdaptiveHMC(BatchedChEES):
                      zK, jnp.zeros((K, dim), positions.dtype), jnp.zeros((K, dim), positions.dtype),
                      jnp.zeros((K, m, m), positions.dtype), jnp.asarray(1.0, positions.dtype))
             carry, (warm_div, warm_n) = jax.lax.scan(
-                warm, carry, (chain_keys[:warmup], jit_u[:warmup], jnp.asarray(slow_np), jnp.asarray(end_np)))
+                warm, carry, (chain_keys[:warmup], jit_u[:warmup], jnp.asarray(slow_np), jnp.asarray(end_np),
+                              jnp.asarray(adapt_np)))
             states, da, _, _, _, ma_l, imm, chol_r = carry[:8]
             eps = da_final(da) if warmup else eps0
             length = jnp.clip(jnp.exp(ma_l), eps, max_steps * eps) if warmup else length0
