@@ -103,13 +103,14 @@ def test_a_pooled_length_is_one_trajectory_length_for_the_batch_and_each_dataset
             assert dg.rhat(x) < 1.01 and dg.ess_bulk(x) > 400, (k, j)
 
 
-def _wide_and_narrow(x, y):
-    """N(y, diag(NARROW_TO_WIDE^2)): scales from 1e-4 to 1, so the cold start (+-0.5 about 0) is
-    thousands of SDs out in the narrow directions, as a registered-size model's unit intercepts."""
-    return -0.5 * (((x - y) / NARROW_TO_WIDE) ** 2).sum()
-
-
+#: Posterior SDs from 1e-4 to 1: the cold start (+-0.5 about 0) is thousands of SDs out in the
+#: narrow directions, as at registered size.
 NARROW_TO_WIDE = np.logspace(-4, 0, 200)
+
+
+def _wide_and_narrow(x, y):
+    """N(y, diag(NARROW_TO_WIDE^2))."""
+    return -0.5 * (((x - y) / NARROW_TO_WIDE) ** 2).sum()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
