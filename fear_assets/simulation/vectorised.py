@@ -790,8 +790,8 @@ class BatchedAdaptiveHMC(BatchedChEES):
         # stationary distribution, and in the cold start's transient the step size crashes (the
         # length is cut to max_steps x eps) while gradients of 1e5 fill Adam's memory for the rest
         # of the warm-up, which froze the length of a registered-size batch at a fifteenth of the others'
-        adapt_np = np.arange(warmup) >= (int(np.argmax(slow_np)) if slow_np.any() else 0)
-        first_adapt = float(np.argmax(adapt_np)) if adapt_np.any() else 0.0
+        first_adapt = int(np.argmax(slow_np)) if slow_np.any() else 0
+        adapt_np = np.arange(warmup) >= first_adapt
         b1, b2, clip = 0.9, 0.999, 0.35  # Adam's defaults; BlackJAX's clip of a log-length update
 
         def step(key, state, y, eps, imm, chol, n):
