@@ -619,6 +619,9 @@ def validate(args) -> int:
                    cache=args.reference_cache, shard=(k, m))
         print(f"sbc shard {k}/{m}: {json.dumps(out, default=float)}")
         return 0
+    if args.sbc_reproduce:
+        return sbc_reproduce(Path(args.sbc_reproduce), settings, priors, h5p, sampler, sbc_n, warmup, draws,
+                             Path(args.out))
     keys = [f"d{i}" for i in range(1, depths + 1)]
     design = simulated_design(settings, keys, keys[-2:] if depths >= 2 else keys, frames, (0.2, 0.2), seed=1)
     est = _validation_estimates()
@@ -751,6 +754,40 @@ def validate(args) -> int:
     print(f"label_flips={comp['label_flips']} max_endpoint_z={comp['max_endpoint_z']:.2f} sbc_min_p={sbc_p:.3g} "
           f"speedup_vs_nutpie={speedup:.2f}")
     return 0
+
+
+def sbc_reproduce(stored_path: Path, settings, priors, h5p, sampler, n: int, warmup: int, draws: int,
+                  out: Path) -> int:
+    """The first ``n`` prior draws of a stored SBC (a validate JSON) fitted again by this code,
+    their ranks compared with the stored ones: after a change to the SBC's sources that should
+    not change its fits (its cache key covers the source, so a whole rerun refits every batch),
+    identical ranks show the stored SBC is this code's. The prior draws and batch seeds do not
+    depend on how many draws follow, so the first ``n`` are the stored run's first ``n``.
+    Exits 1 where any rank differs; refuses a stored run of other settings or sampler."""
+    stored = json.loads(stored_path.read_text())
+    ours = json.loads(json.dumps(vars(sampler), default=float))
+    differ = {k: (stored.get("sampler", {}).get(k), v) for k, v in ours.items() if stored.get("sampler", {}).get(k) != v}
+    if stored.get("settings_sha256") != settings.sha256 or differ or not stored.get("sbc"):
+        raise SystemExit(f"--sbc-reproduce {stored_path}: not this SBC (settings "
+                         f"{str(stored.get('settings_sha256'))[:12]} vs {settings.sha256[:12]}; sampler fields "
+                         f"(stored, ours) {differ}; SBC present {bool(stored.get('sbc'))}): give the same "
+                         f"--algorithm, --warmup, --draws and --target-accept as the stored run")
+    batch = int(stored["sbc"].get("batch", 8))
+    if n > stored["sbc"]["prior_draws"] or n % batch:
+        raise SystemExit(f"--sbc-draws {n}: give a multiple of the stored SBC's batch ({batch}: datasets fitted "
+                         f"together share a program, the pooled candidate's trajectory length too) up to its "
+                         f"{stored['sbc']['prior_draws']} prior draws")
+    t = time.perf_counter()
+    again = _sbc(settings, priors, h5p, sampler, n, warmup, draws, settings.master_seed, batch=batch)
+    same = {k: again["ranks"][k] == stored["sbc"]["ranks"][k][:n] for k in again["ranks"]}
+    res = {"what": "the first prior draws of a stored SBC fitted again by this code; benchmarks/power_gpu.py validate "
+                   "--sbc-reproduce", "stored": str(stored_path), "prior_draws": n, "sampler": ours,
+           "settings_sha256": settings.sha256, "identical_ranks": same, "reproduced": all(same.values()),
+           "ranks": again["ranks"], "divergences": again["divergences"], "seconds": time.perf_counter() - t}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    print(f"sbc_reproduced={res['reproduced']} prior_draws={n} of {stored['sbc']['prior_draws']} json={out}")
+    return 0 if res["reproduced"] else 1
 
 
 def _per_dataset_convergence(draws: dict, divergences, rule) -> list[dict]:
@@ -926,6 +963,8 @@ def main() -> int:
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
     v.add_argument("--sbc-shard", help="K/M: fit only SBC batches i with i %% M == K into --reference-cache and "
                    "stop (M processes share one SBC; a run without it ranks every batch)")
+    v.add_argument("--sbc-reproduce", help="a stored validate JSON: fit only its first --sbc-draws prior draws "
+                   "again and compare their ranks with its own (exit 1 where any differs); writes --out and stops")
     v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default "
                    "accelerated.ADAPTIVE_TARGET_ACCEPT, 0.9); recorded in the JSON's sampler")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")

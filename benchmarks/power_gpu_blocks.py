@@ -16,7 +16,8 @@ dataset from its own seed under the registered master seed; the pilot estimates 
 ``.gpu_power_blocks/``: the block's registered model (``accelerated.block_program``, the frame form
 the registered rule picks for dataset 0; datasets of another form are left out and counted) as a
 ``jax.export`` of its batched log density and gradient, checked against PyMC's compiled
-``logp``/``dlogp`` within 1e-8; the outcomes (float32, and float64 for the validation datasets);
+``logp``/``dlogp`` within 1e-8 (a primary-model block's other frame form too, for the candidate's
+refit: ``OTHER_FORM_FILE``); the outcomes (float32, and float64 for the validation datasets);
 the kept coordinates (``accelerated.kept_indices``), the block metric's dense coordinates
 (``accelerated.dense_block_indices``) and the reported contrasts as an affine map of the kept
 vector (``accelerated.affine_contrasts``, checked against the analysis functions). For the first
@@ -28,7 +29,9 @@ and attempts.
 ``run`` fits every block's K datasets x chains in one program per block with the candidate
 sampler (``vectorised.BatchedAdaptiveHMC``, every dataset's own warm-up; ``--algorithm
 adaptive_hmc_dense``: the block mass matrix), runs the registered convergence remedy (up to the
-registered number of extensions while a dataset misses the rule), and reports per block: compile
+registered number of extensions while a dataset misses the rule) and then the candidate's own (a
+dataset still divergent is fitted again in the other frame form: ``other_form_refit``, as
+``accelerated.fit_block`` does), and reports per block: compile
 and run seconds, seconds and gradients per dataset, datasets per hour, divergences, the datasets
 missing the convergence rule on any reported contrast (counted, never dropped: D7), and, where
 the export holds references, item 3(a)'s comparison (``validation.compare_runs``: MCSE units,
@@ -62,6 +65,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import power_gpu as pg  # noqa: E402  (numpy and the standard library only at import)
 
 ART = ROOT / ".gpu_power_blocks"
+#: A primary-model block's log density in the frame form the rule did not pick: the candidate's
+#: remedy refits there a dataset still divergent after its extensions (``accelerated.fit_block``).
+OTHER_FORM_FILE = "logdensity.other_form.jaxexport.gz"
 #: Each dataset's warm-up transitions of the candidate, as validated on CPU (`power_gpu.py validate`).
 VALIDATED_WARMUP = 400
 #: What the device may not import (it has none of them): the check of the device run.
@@ -78,7 +84,6 @@ def export(args) -> int:
     from fear_assets.simulation.blocks import REPORTED, outcome, simulate_blocks
     from fear_assets.simulation.design import simulated_design
     from fear_assets.simulation.runner import Rules
-    from fear_assets.simulation.vectorised import check_export, export_logdensity
 
     t0 = time.perf_counter()
     settings = load_settings()
@@ -103,34 +108,34 @@ def export(args) -> int:
         t = time.perf_counter()
         forms = [acc.frame_form(x[block], rule) for x in sims]
         idx = [k for k in range(len(sims)) if forms[k] == forms[0]]
-        prog = acc.block_program(sims[idx[0]][block], priors, h5p, rule=rule)
-        jm = prog.jm
+        b0 = sims[idx[0]][block]
         Y = np.stack([outcome(sims[k][block]) for k in idx])
-        blob = export_logdensity(jm.logdensity, jm.dim, Y.shape[1], platforms=("cpu", "cuda"))
-        points = jm.x0 + np.random.default_rng(seed).normal(0.0, 0.3, (args.check_points, jm.dim))
-        check = check_export(prog.model, jm, blob, Y[0], points)
-        if max(check["logp_rel"], check["dlogp_rel"]) > 1e-8:
-            raise RuntimeError(f"block {block}: exported log density differs from PyMC's: {check}")
-        keep_idx = acc.kept_indices(prog)
-        W, c, contrasts = acc.affine_contrasts(prog)
         d = out / block
         d.mkdir(exist_ok=True)
-        # gzip: the design's constants (indices, covariates) in the module compress ~9x
-        (d / pg.EXPORT_FILE).write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
+        prog = acc.block_program(b0, priors, h5p, rule=rule)
+        jm = prog.jm
+        one = exported_form(prog, Y[0], d / pg.EXPORT_FILE, args.check_points, seed, block)
+        arrays = {"x0": jm.x0, **one.pop("arrays"),
+                  "Y": Y.astype(np.float32), "Y_validate": Y[:0].astype(np.float64),
+                  "reference_divergences": np.zeros(0, dtype=np.int64)}
+        contrasts = one["contrasts"]
         # the references are added below, by the code `references` runs (cached, resumable)
-        arrays = {"x0": jm.x0, "keep_idx": keep_idx, "dense_idx": acc.dense_block_indices(jm.names, jm.sizes),
-                  "Y": Y.astype(np.float32), "Y_validate": Y[:0].astype(np.float64), "contrast_W": W,
-                  "contrast_c": c, "reference_divergences": np.zeros(0, dtype=np.int64),
-                  **{f"reference_{name}": np.zeros((0, 4, args.reference_draws)) for name in contrasts}}
+        arrays.update({f"reference_{name}": np.zeros((0, 4, args.reference_draws)) for name in contrasts})
+        other = None
+        if forms[0] is not None:  # a primary-model block: the other form, for the candidate's refit
+            other_prog = acc.block_program(b0, priors, h5p, rule=rule, form=acc.other_form(forms[0]))
+            other = exported_form(other_prog, Y[0], d / OTHER_FORM_FILE, args.check_points, seed, block)
+            arrays.update({f"other_{k}": v for k, v in other.pop("arrays").items()}, other_x0=other_prog.jm.x0)
+            other = {"form": acc.other_form(forms[0]), "dim": other_prog.jm.dim, "names": list(other_prog.jm.names),
+                     "sizes": list(map(int, other_prog.jm.sizes)), **other}
         np.savez_compressed(d / "arrays.npz", **arrays)
-        b0 = sims[idx[0]][block]
         manifest = {"block": block, "kind": b0.kind, "frame_form": forms[0], "rows": int(Y.shape[1]), "dim": jm.dim,
                     "names": list(jm.names), "sizes": list(map(int, jm.sizes)), "kept": list(prog.kept),
                     "datasets": idx, "datasets_of_another_form": len(sims) - len(idx), "contrasts": contrasts,
                     "ropes": {name: float(rules.sesoi) if b0.rope is None else float(b0.rope) for name in contrasts},
                     "validate_datasets": 0, "reference": None,
-                    "check_vs_pymc": {"points": args.check_points, "max_diff": check},
-                    "export_sha256": hashlib.sha256(blob).hexdigest(), "export_s": time.perf_counter() - t}
+                    "check_vs_pymc": one["check_vs_pymc"], "export_sha256": one["export_sha256"], "other_form": other,
+                    "export_s": time.perf_counter() - t}
         (d / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         summary[block] = {k: manifest[k] for k in ("kind", "frame_form", "rows", "dim", "validate_datasets", "export_s")}
         print(f"[{time.perf_counter() - t0:.0f} s] {block}: {json.dumps(summary[block])}", flush=True)
@@ -155,6 +160,29 @@ def export(args) -> int:
     print(f"exported blocks={len(blocks)} frames={args.frames} depths={args.depths} datasets={args.datasets} "
           f"bytes={size} total_s={time.perf_counter() - t0:.0f} out={out}")
     return 0
+
+
+def exported_form(prog, y, path: Path, check_points: int, seed: int, block: str) -> dict:
+    """One form of a block's program written to ``path`` (a gzipped ``jax.export`` of its batched
+    log density and gradient, checked against PyMC's within 1e-8 at ``check_points`` points about
+    its initial point, outcome ``y``) with what a device run reads of it: ``arrays`` (kept and
+    dense coordinates, the contrasts' affine map), ``contrasts``, the check and the export's hash."""
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation.vectorised import check_export, export_logdensity
+
+    jm = prog.jm
+    blob = export_logdensity(jm.logdensity, jm.dim, len(y), platforms=("cpu", "cuda"))
+    points = jm.x0 + np.random.default_rng(seed).normal(0.0, 0.3, (check_points, jm.dim))
+    check = check_export(prog.model, jm, blob, y, points)
+    if max(check["logp_rel"], check["dlogp_rel"]) > 1e-8:
+        raise RuntimeError(f"block {block} ({path.name}): exported log density differs from PyMC's: {check}")
+    W, c, contrasts = acc.affine_contrasts(prog)
+    # gzip: the design's constants (indices, covariates) in the module compress ~9x
+    path.write_bytes(gzip.compress(blob, compresslevel=6, mtime=0))
+    return {"arrays": {"keep_idx": acc.kept_indices(prog), "dense_idx": acc.dense_block_indices(jm.names, jm.sizes),
+                       "contrast_W": W, "contrast_c": c},
+            "contrasts": contrasts, "check_vs_pymc": {"points": check_points, "max_diff": check},
+            "export_sha256": hashlib.sha256(blob).hexdigest()}
 
 
 # -- references and the null check (need PyMC and nutpie) ----------------------------------------
@@ -364,7 +392,9 @@ def subset(args) -> int:
             shutil.copytree(src / block, out / block, dirs_exist_ok=True)
             continue
         (out / block).mkdir(exist_ok=True)
-        shutil.copyfile(src / block / pg.EXPORT_FILE, out / block / pg.EXPORT_FILE)
+        for name in (pg.EXPORT_FILE, OTHER_FORM_FILE):
+            if (src / block / name).exists():  # an export made before the other form was kept has none
+                shutil.copyfile(src / block / name, out / block / name)
         m = json.loads((src / block / "manifest.json").read_text())
         arr = dict(np.load(src / block / "arrays.npz"))
         k = max(args.datasets, m["validate_datasets"])  # never fewer than the references compare
@@ -530,6 +560,64 @@ def rescore(args) -> int:
     return 0
 
 
+def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: float, chains: int, warmup: int,
+                     draws: int, Y: np.ndarray, remedied, rule, top: dict, extensions: int,
+                     stop, first_run_s: float) -> dict | None:
+    """The datasets of ``remedied`` (a block's fit after its extensions) still holding a divergent
+    draw, fitted again in the export's other frame form (``OTHER_FORM_FILE``) as the first form was
+    (cold start, ``warmup`` + ``draws``, the remedy's extensions), their draws and divergences
+    replaced in ``remedied`` and their gradient evaluations added. Seeds: from the master seed +
+    3 + ``extensions`` (cold start; + 1 the fit, + 2 + r the extensions). None: no dataset diverged
+    or the block has no other form; else a record (``refitted``: positions in the run), with
+    ``cut_by_deadline`` where ``stop(seconds)`` refused it (projected at ``first_run_s``: lockstep,
+    a few datasets cost about what the batch did)."""
+    from fear_assets.simulation import validation
+    from fear_assets.simulation import vectorised as vec
+
+    diverging = [j for j, dv in enumerate(remedied.divergences) if int(np.sum(dv)) > 0]
+    if not diverging or m.get("other_form") is None:
+        return None if not diverging else {"refitted": [], "form": None, "datasets_divergent": diverging,
+                                           "cut_by_deadline": "the export holds no other frame form (export again)"}
+    other = m["other_form"]
+    record = {"refitted": [], "form": other["form"], "datasets_divergent": diverging,
+              "divergences_before": [int(np.sum(remedied.divergences[j])) for j in diverging], "cut_by_deadline": None}
+    why = stop(first_run_s)
+    if why:
+        record["cut_by_deadline"] = why
+        return record
+    ld = vec.exported_logdensity(gzip.decompress((d / OTHER_FORM_FILE).read_bytes()))
+    sampler = vec.BatchedAdaptiveHMC(ld, other["dim"], arr["other_x0"], arr["other_keep_idx"],
+                                     target_accept=target_accept,
+                                     dense_idx=arr["other_dense_idx"] if opts["dense"] else None,
+                                     shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
+    base = top["master_seed"] + 3 + extensions
+    Yd, tm = Y[diverging], {}
+    fit = sampler.fit_kept(Yd, vec.FrozenHMC.cold_start(arr["other_x0"], chains, base), base + 1, warmup, draws,
+                           timings=tm)
+    W, c = arr["other_contrast_W"], arr["other_contrast_c"]
+
+    def contrasts(kept):
+        hh = kept @ W + c
+        return {name: hh[..., i] for i, name in enumerate(m["contrasts"])}
+
+    again = vec.extend_missing(sampler, Yd, fit, contrasts,
+                               lambda dr, dv: validation.convergence_counts(dr, rule, dv)["failing"],
+                               base + 2, top["extension_draws"], extensions,
+                               stop=lambda r: stop(tm["run_s"] * top["extension_draws"] / (warmup + draws)))
+    for i, j in enumerate(diverging):
+        for name in remedied.draws:
+            remedied.draws[name][j] = again.draws[name][i]
+        remedied.divergences[j] = again.divergences[i]
+        remedied.gradients[j] = np.asarray(remedied.gradients[j]) + np.asarray(again.gradients[i])
+    ad = fit["adapted"]
+    record.update(refitted=diverging, divergences_after=[int(np.sum(again.divergences[i])) for i in range(len(Yd))],
+                  extensions=len(again.extended), datasets_extended=again.extended,
+                  extensions_cut_by_deadline=again.stopped, compile_s=tm["compile_s"] + again.compile_s,
+                  run_s=tm["run_s"] + again.run_s, step_size=[float(v) for v in ad.step_size],
+                  trajectory_length=[float(v) for v in ad.trajectory_length])
+    return record
+
+
 def past_deadline(need_s: float, deadline: float) -> str | None:
     """Why a step projected at ``need_s`` seconds is not started (None: it fits before ``deadline``)."""
     left = deadline - time.perf_counter()
@@ -651,10 +739,19 @@ def run(args) -> int:
             stop=lambda r: past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline))
         h, divs, extended = remedied.draws, remedied.divergences, remedied.extended
         ext_s, ext_compile_s, cut, rounds = remedied.run_s, remedied.compile_s, remedied.stopped, len(extended)
+        # the candidate's last remedy (accelerated.fit_block): a dataset still divergent after its extensions
+        # is fitted again, warm-up and extensions included, in the frame form the rule did not pick, and
+        # that fit is kept (an export made before the other form was kept has none: recorded)
+        refit = other_form_refit(d, m, arr, opts, args.target_accept, chains, warmup, made, Y, remedied,
+                                 rule, top, extensions,
+                                 lambda need: past_deadline(need, deadline), tm["run_s"])
+        forms = [m["frame_form"]] * K
+        for j in (refit or {}).get("refitted", []):
+            forms[j] = refit["form"]
         counts = validation.convergence_counts(h, rule, divs)
         lengths = np.array([x.shape[1] for x in h[m["contrasts"][0]]])
         wall = time.perf_counter() - t
-        run_s = tm["run_s"] + ext_s
+        run_s = tm["run_s"] + ext_s + (refit or {}).get("run_s", 0.0)
         per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + lengths.max())
         ad = fit["adapted"]
         entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F,
@@ -674,7 +771,8 @@ def run(args) -> int:
                  "batch_leapfrog_steps": int(np.asarray(fit["gradients"]).max()),
                  "draws_per_chain": int(fit["kept"].shape[2]),
                  "draws_per_chain_per_dataset": lengths.tolist(),
-                 "divergences_per_dataset": [int(np.sum(d)) for d in divs],
+                 "divergences_per_dataset": [int(np.sum(dv)) for dv in divs],
+                 "frame_form_per_dataset": forms, "refit_other_form": refit,
                  "step_size": [float(v) for v in ad.step_size],
                  "trajectory_length": [float(v) for v in ad.trajectory_length],
                  "convergence": counts}
@@ -691,6 +789,7 @@ def run(args) -> int:
             np.savez_compressed(Path(args.save_draws) / f"{block}.npz", **padded, draws_per_dataset=lengths,
                                 step_size=ad.step_size, trajectory_length=ad.trajectory_length,
                                 divergences=np.stack(divs), failing=np.asarray(counts["failing"]), first_dataset=F,
+                                frame_form=np.asarray([str(f) for f in forms]),
                                 # the draws made: a run cut by its deadline is not the sampler an SBC vouches for
                                 sampler=json.dumps({**res["sampler"], "draws": made}, sort_keys=True))
         res["blocks"][block] = entry

@@ -407,6 +407,42 @@ def test_an_sbc_fitted_in_shards_is_the_sbc_fitted_whole(settings, monkeypatch, 
         power_gpu._sbc(*args, batch=2, shard=(0, 2))
 
 
+@pytest.mark.slow
+def test_a_stored_sbc_is_reproduced_only_where_every_rank_is_the_same(settings, monkeypatch, tmp_path):
+    """``validate --sbc-reproduce``: a change of the SBC's sources invalidates its cache, so its
+    first prior draws are fitted again and their ranks compared with the stored run's. Simulated:
+    the same code reproduces a stored SBC; a stored SBC whose ranks differ in one draw (what a
+    changed sampler leaves) is not reproduced; a subset that would refit a batch with other
+    datasets, or a stored run of another sampler, is refused."""
+    import argparse
+    import json
+
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Priors
+
+    power_gpu = _power_gpu_benchmark(monkeypatch)
+    priors, h5p = Priors.from_settings(settings), H5Priors.from_settings(settings)
+    sampler = argparse.Namespace(algorithm="adaptive_hmc_dense_pooled", chains=2, target_accept=0.9)
+    stored = {"settings_sha256": settings.sha256, "sampler": vars(sampler),
+              "sbc": power_gpu._sbc(settings, priors, h5p, sampler, 4, 20, 30, settings.master_seed, batch=2)}
+    path = tmp_path / "stored.json"
+    path.write_text(json.dumps(stored, default=float))
+    out = tmp_path / "again.json"
+    assert power_gpu.sbc_reproduce(path, settings, priors, h5p, sampler, 2, 20, 30, out) == 0
+    again = json.loads(out.read_text())
+    assert again["reproduced"] and again["ranks"] == {k: v[:2] for k, v in stored["sbc"]["ranks"].items()}
+    changed = json.loads(path.read_text())
+    changed["sbc"]["ranks"]["H2"][1] = (changed["sbc"]["ranks"]["H2"][1] + 1) % 100
+    path.write_text(json.dumps(changed))
+    assert power_gpu.sbc_reproduce(path, settings, priors, h5p, sampler, 2, 20, 30, out) == 1
+    assert json.loads(out.read_text())["identical_ranks"]["H2"] is False
+    with pytest.raises(SystemExit, match="multiple of the stored SBC's batch"):
+        power_gpu.sbc_reproduce(path, settings, priors, h5p, sampler, 3, 20, 30, out)
+    other = argparse.Namespace(**{**vars(sampler), "algorithm": "adaptive_hmc"})
+    with pytest.raises(SystemExit, match="not this SBC"):
+        power_gpu.sbc_reproduce(path, settings, priors, h5p, other, 2, 20, 30, out)
+
+
 # Slow (five nutpie runs and two compilations): run with -m slow before a long validation.
 @pytest.mark.slow
 def test_a_failing_reference_is_retried_in_the_other_frame_form_and_a_rerun_reads_every_attempt_back(

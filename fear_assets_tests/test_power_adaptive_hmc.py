@@ -418,3 +418,77 @@ def test_the_remedy_extends_only_the_datasets_that_miss_the_rule_and_keeps_every
     draws, div, extended = fit.draws, fit.divergences, fit.extended
     assert extended == [len(Y), len(Y)] and len(div) == len(Y)
     assert all(x.shape == (2, s.draws + 2 * s.extension_draws) for v in draws.values() for x in v)
+
+
+def test_a_dataset_still_divergent_after_its_extensions_is_refitted_in_the_other_frame_form(settings):
+    """The adaptive candidates' remedy beyond the extensions (``accelerated.fit_block``): more
+    draws do not cure a divergence, the posterior's geometry in the form the rule picked does;
+    D3b lets a reparametrisation that keeps the joint prior make the sampler mix. Simulated: the
+    centred form forced on datasets whose frame effects barely vary (the centred funnel: the
+    registered zero-divergence rule fails) beside datasets whose frame effects vary widely (the
+    centred form's own case). Only the divergent ones are fitted again in the non-centred form,
+    and that fit's draws, divergences and form are kept; the others keep their first fit's
+    draws exactly."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import jax
+
+    from fear_assets.models.h5_model import H5Priors
+    from fear_assets.models.primary_model import Priors
+    from fear_assets.simulation import accelerated as acc
+    from fear_assets.simulation.blocks import outcome, simulate_blocks
+    from fear_assets.simulation.design import simulated_design
+    from fear_assets.simulation.runner import Rules
+    from fear_assets_tests.test_power_jax_models import estimates
+
+    jax.config.update("jax_enable_x64", True)
+    priors, h5p = Priors.from_settings(settings), H5Priors.from_settings(settings)
+    design = simulated_design(settings, ["d1"], ["d1"], 15, (0.2, 0.2), seed=3)
+    flat, wide = (replace(estimates(), frame_sd=(sd,) * 6) for sd in (0.001, 1.0))
+    datasets = [simulate_blocks(design, est, Rules.from_settings(settings), "refit", "meaningful", i,
+                                settings.master_seed, ("primary",), None)["primary"]
+                for i, est in enumerate((flat, wide, flat, wide))]
+    centred = SimpleNamespace(centring_min_ratio=0.0, centring_min_frames=2)  # every dataset centred
+    s = SimpleNamespace(algorithm=acc.ADAPTIVE, chains=4, warmup=200, draws=200, extension_draws=100,
+                        target_accept=0.9)
+    fit = acc.fit_block(datasets, [], priors, h5p, centred, s, 11, settings.convergence, 1)
+
+    # the case that breaks the rule: the flat datasets diverge in the centred form after the extension
+    prog = acc.block_program(datasets[0], priors, h5p, rule=centred)
+    assert "z_frame" not in prog.jm.names, prog.jm.names  # the centred form: no standardised frame effects
+    _, first = acc.fit_with_remedy(prog, acc.tune(prog, np.stack([outcome(b) for b in datasets]), s, 11),
+                                   np.stack([outcome(b) for b in datasets]), s, 11, settings.convergence, 1)
+    before = [int(np.sum(d)) for d in first.divergences]
+    diverging = [k for k, n in enumerate(before) if n > 0]
+    assert diverging == [0, 2], before
+    assert [p["divergences"] for p in fit.programs[:1]] == [before]
+
+    refit = fit.programs[1]
+    assert (refit["form"], refit["refit_of"], refit["datasets"]) == ("non_centred", "centred", diverging)
+    assert len(fit.programs) == 2
+    assert fit.forms == ["non_centred", "centred", "non_centred", "centred"]
+    after = [int(np.sum(d)) for d in fit.divergences]
+    assert [after[k] for k in diverging] == refit["divergences"]
+    assert sum(after[k] for k in diverging) < sum(before[k] for k in diverging) and min(after) == 0, (before, after)
+    for name, draws in fit.contrasts.items():
+        for k in range(len(datasets)):
+            if k in diverging:  # the other form's draws, not the first form's
+                assert not np.array_equal(draws[k], first.draws[name][k])
+            else:
+                np.testing.assert_array_equal(draws[k], first.draws[name][k])
+
+
+def test_each_divergent_dataset_is_refitted_once_from_the_form_it_was_fitted_in():
+    """The refit's groups are fixed before any refit runs: datasets of both forms can diverge in
+    one block, and a centred dataset refitted non-centred must not be refitted again with the
+    non-centred group. The joint and H5 models (no form) and converged datasets are never refitted."""
+    from fear_assets.simulation.accelerated import other_form, refits_in_other_form
+
+    forms = ["centred", "non_centred", "centred", None, "non_centred", "centred"]
+    divergences = [np.array([0, 2]), np.array([1, 0]), np.zeros(2), np.array([5, 5]), np.zeros(2), np.array([0, 1])]
+    groups = refits_in_other_form(forms, divergences)
+    assert groups == {"centred": [0, 5], "non_centred": [1]}
+    assert sum(map(len, groups.values())) == len({k for v in groups.values() for k in v})
+    assert {f: other_form(f) for f in groups} == {"centred": "non_centred", "non_centred": "centred"}
+    assert refits_in_other_form(forms, [np.zeros(2)] * len(forms)) == {}

@@ -38,6 +38,11 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
         assert max(m["check_vs_pymc"]["max_diff"]["logp_rel"], m["check_vs_pymc"]["max_diff"]["dlogp_rel"]) < 1e-8
     first = json.loads((art / "primary" / "manifest.json").read_text())
     assert first["contrasts"] == ["H1", "H2", "H3"] and first["validate_datasets"] == 1
+    # a primary-model block carries its other frame form too (the candidate's refit), checked the same
+    other = first["other_form"]
+    assert {other["form"], first["frame_form"]} == {"centred", "non_centred"}
+    assert max(other["check_vs_pymc"]["max_diff"]["logp_rel"], other["check_vs_pymc"]["max_diff"]["dlogp_rel"]) < 1e-8
+    assert json.loads((art / "forced_choice" / "manifest.json").read_text())["other_form"] is None
     assert len(first["reference"]["attempts"]) == 1 and top["per_block"]["primary"]["validate_datasets"] == 1
     assert len(list((tmp_path / "cache").glob("reference-primary-*.npz"))) == len(first["reference"]["attempts"][0])
 
@@ -69,6 +74,23 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("power_gpu_blocks: device=cpu") and f"validation={expected}" in last
 
+    # the candidate's last remedy: a dataset still divergent after its extensions is fitted again in the other
+    # frame form, and that fit is what is kept. Divergences forced: a target acceptance of 0.3 (long steps)
+    forced = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                             "--blocks", "primary", "--warmup", "30", "--draws", "30", "--extensions", "0",
+                             "--target-accept", "0.3", "--json", "refit.json", "--save-draws", str(tmp_path / "refit")],
+                            cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    entry = json.loads((out / "refit.json").read_text())["blocks"]["primary"]
+    refit = entry["refit_other_form"]
+    assert refit["datasets_divergent"], entry["divergences_per_dataset"]  # the case is there
+    assert refit["refitted"] == refit["datasets_divergent"] and refit["form"] == other["form"]
+    assert refit["divergences_before"] and all(n > 0 for n in refit["divergences_before"])
+    assert [entry["divergences_per_dataset"][j] for j in refit["refitted"]] == refit["divergences_after"]
+    assert entry["frame_form_per_dataset"] == [other["form"] if j in refit["refitted"] else first["frame_form"]
+                                               for j in range(2)]
+    assert np.load(tmp_path / "refit" / "primary.npz")["frame_form"].tolist() == entry["frame_form_per_dataset"]
+
     # a lease that runs out: the first block's draws stop between chunks and its failing datasets are not
     # extended past the deadline (said in its entry, whose figures are written), and the next block is
     # skipped and named, not started
@@ -96,6 +118,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert cut_export.returncode == 0, cut_export.stderr[-3000:]
     assert len(json.loads((lease / "forced_choice" / "manifest.json").read_text())["datasets"]) == 2
     assert len(json.loads((lease / "primary" / "manifest.json").read_text())["datasets"]) == 1
+    assert (lease / "primary" / "logdensity.other_form.jaxexport.gz").exists()
     on_lease = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(lease), "--platform", "cpu",
                                "--blocks", "primary", "--warmup", "20", "--draws", "20", "--extensions", "0",
                                "--json", "lease.json", "--save-draws", str(tmp_path / "lease_draws")],

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fear_assets.models.parametrisation import frame_parametrisation
+from fear_assets.models.parametrisation import CENTRED, NON_CENTRED, frame_parametrisation
 from fear_assets.simulation.blocks import BlockData, outcome
 from fear_assets.simulation.validation import convergence_counts
 from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES, BatchedNUTS, FrozenHMC, JaxifiedModel,
@@ -81,10 +81,12 @@ class BlockProgram:
         return constrained_fn(self.model, self.jm, self.kept)
 
 
-def block_program(b: BlockData, priors, h5_priors, rule=None, extra: Sequence[str] = ()) -> BlockProgram:
+def block_program(b: BlockData, priors, h5_priors, rule=None, extra: Sequence[str] = (),
+                  form: str | None = None) -> BlockProgram:
     """The accelerator program of block ``b``'s design; ``extra``: further model variables kept
-    per draw (e.g. ``sigma``, ``nu``, ``frame_chol_stds``)."""
-    model = b.build(priors, h5_priors, rule)
+    per draw (e.g. ``sigma``, ``nu``, ``frame_chol_stds``); ``form``: a primary-model block's
+    frame form where not the one ``rule`` picks."""
+    model = b.build(priors, h5_priors, rule, form=form)
     jm = jaxified_logdensity(model)
     kept = tuple(CONTRAST_VARIABLES[b.kind]) + tuple(extra)
     point = model.initial_point()
@@ -269,12 +271,31 @@ def frame_form(b: BlockData, rule) -> str | None:
     return frame_parametrisation(b.data, rule) if b.kind == "primary" and rule is not None else None
 
 
+def other_form(form: str) -> str:
+    """The frame form the rule did not pick: the same model's posterior in other coordinates."""
+    return NON_CENTRED if form == CENTRED else CENTRED
+
+
+def refits_in_other_form(forms: Sequence[str | None], divergences: Sequence[np.ndarray]) -> dict[str, list[int]]:
+    """The datasets the other frame form refits (``fit_block``), by the form they were fitted
+    in: every primary-model dataset (one with a form) whose draws, its extensions' included,
+    still hold a divergent transition. More draws do not cure a divergence, which is the
+    geometry's (a funnel in the centred form, or the non-centred form's where the data pin a
+    frame down); the other coordinates can. Pure."""
+    out: dict[str, list[int]] = {}
+    for k, (form, d) in enumerate(zip(forms, divergences)):
+        if form is not None and int(np.sum(d)) > 0:
+            out.setdefault(form, []).append(k)
+    return dict(sorted(out.items()))
+
+
 @dataclass
 class BlockFit:
     """One block of many datasets fitted on the accelerator path (``fit_block``): per reported
     contrast, each dataset's draws (chains, draws; an extended fit has more); each dataset's
-    divergences per chain and the frame form its program sampled; and one record per compiled
-    program (form, datasets, timings, extensions, step size, trajectory length)."""
+    divergences per chain and the frame form its kept draws were sampled in; and one record per
+    compiled program (form, datasets, timings, extensions, step size, trajectory length; a
+    refit's ``refit_of``: the form it replaced)."""
 
     contrasts: dict[str, list[np.ndarray]]
     divergences: list[np.ndarray]
@@ -290,11 +311,17 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
     (``settings.simulation_sampler``'s fields; ``target_accept`` where an adaptive candidate
     has one): one program per frame form the registered ``rule`` picks (the nutpie loop fits
     each dataset in its form), tuned on the ``pilot`` datasets of that form (ChEES, NUTS; none:
-    the scored ones) or adapted per dataset (the adaptive candidates), and, for the adaptive
-    candidates, extended by the sampler's ``extension_draws`` up to ``max_extensions`` times while a dataset
-    misses the ``convergence`` rule on a reported contrast (the frozen samplers have no
-    extension: such a fit is kept and flagged, D7). Seeds: ``seed`` tunes, ``seed + 1`` fits,
-    ``seed + 2 + r`` extends."""
+    the scored ones) or adapted per dataset (the adaptive candidates).
+
+    The adaptive candidates' remedy, in order: a dataset missing the ``convergence`` rule on a
+    reported contrast is extended by the sampler's ``extension_draws``, up to ``max_extensions``
+    times (``fit_with_remedy``); a primary-model dataset still divergent after that is fitted
+    again, warm-up and extensions included, in the OTHER frame form (``refits_in_other_form``; D3b:
+    any reparametrisation that leaves the joint prior as stated may make the sampler mix, and
+    the long nutpie references are retried so too), and that fit is kept whatever it reaches
+    (D7: counted, never dropped). The frozen samplers have neither: such a fit is kept and
+    flagged. Seeds: ``seed`` tunes, ``seed + 1`` fits, ``seed + 2 + r`` extends; the other
+    form's fit the same from ``seed + 3 + max_extensions``."""
     K = len(datasets)
     Y = np.stack([outcome(b) for b in datasets])
     Y_pilot = np.stack([outcome(b) for b in pilot]) if pilot else Y[:0]
@@ -304,28 +331,30 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
     extensions = max_extensions if adaptive else 0
     contrasts: dict[str, dict[int, np.ndarray]] = {}
     divergent: dict[int, np.ndarray] = {}
-    programs, tune_s, run_s = [], 0.0, 0.0
-    for form in sorted(set(forms), key=str):
-        idx = [k for k in range(K) if forms[k] == form]
-        prog = block_program(datasets[idx[0]], priors, h5_priors, rule=rule)
-        own_pilot = [j for j in range(len(pilot)) if pilot_forms[j] == form]
+    programs: list[dict] = []
+    seconds = {"tune": 0.0, "run": 0.0}
+
+    def fit_program(idx: list[int], form: str | None, program_seed: int, own_pilot: list[int]) -> dict:
+        prog = block_program(datasets[idx[0]], priors, h5_priors, rule=rule, form=form)
         tuning = Y_pilot[own_pilot] if own_pilot else Y[idx]
         t = time.perf_counter()
-        tuned = tune(prog, tuning, sampler, seed)
-        tune_s += time.perf_counter() - t
-        fit, remedied = fit_with_remedy(prog, tuned, Y[idx], sampler, seed, convergence, extensions)
+        tuned = tune(prog, tuning, sampler, program_seed)
+        seconds["tune"] += time.perf_counter() - t
+        fit, remedied = fit_with_remedy(prog, tuned, Y[idx], sampler, program_seed, convergence, extensions)
         draws, div, extended = remedied.draws, remedied.divergences, remedied.extended
-        rounds = len(extended)
-        run_s += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
-        for c, x in draws.items():
+        seconds["run"] += fit["timings"]["run_s"] + fit["timings"].get("extension_run_s", 0.0)
+        for c, x in draws.items():  # a refit's draws replace the first form's
             for j, k in enumerate(idx):
                 contrasts.setdefault(c, {})[k] = x[j]
         for j, k in enumerate(idx):
             divergent[k] = div[j]
+            forms[k] = form
         ad = fit.get("adapted")
-        programs.append({
+        log(f"{datasets[idx[0]].block} (form {form}): {len(idx)} datasets, {len(extended)} extension(s), "
+            f"run {fit['timings']['run_s']:.1f} s")
+        return {
             "form": form, "datasets": idx, "pilot": own_pilot if not adaptive else [],
-            "timings": fit["timings"], "tune": tuned.timings, "extensions": rounds,
+            "timings": fit["timings"], "tune": tuned.timings, "extensions": len(extended),
             "datasets_extended": extended,
             "draws_per_chain": int(fit["kept"].shape[2]),
             "draws_per_chain_per_dataset": [int(x.shape[1]) for x in draws[next(iter(draws))]],
@@ -337,8 +366,14 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
             "trajectory_length": (ad.trajectory_length.tolist() if ad is not None
                                   else getattr(tuned.params, "trajectory_length", None)),
             "parameters": int(prog.jm.dim),
-            "dense_block": 0 if ad is None or ad.dense_idx is None else len(ad.dense_idx)})
-        log(f"{datasets[idx[0]].block} (form {form}): {len(idx)} datasets, {rounds} extension(s), "
-            f"run {fit['timings']['run_s']:.1f} s")
+            "dense_block": 0 if ad is None or ad.dense_idx is None else len(ad.dense_idx)}
+
+    for form in sorted(set(forms), key=str):
+        idx = [k for k in range(K) if forms[k] == form]
+        programs.append(fit_program(idx, form, seed, [j for j in range(len(pilot)) if pilot_forms[j] == form]))
+    if adaptive:
+        # grouped before any refit: a refit changes its datasets' forms
+        for form, idx in refits_in_other_form(forms, [divergent[k] for k in range(K)]).items():
+            programs.append({**fit_program(idx, other_form(form), seed + 3 + max_extensions, []), "refit_of": form})
     return BlockFit({c: [v[k] for k in range(K)] for c, v in contrasts.items()}, [divergent[k] for k in range(K)],
-                    forms, programs, tune_s, run_s)
+                    forms, programs, seconds["tune"], seconds["run"])

@@ -63,15 +63,20 @@ class BlockData:
     decision: Callable | None = None
     frame_form_reported: bool = False
 
-    def build(self, priors, h5_priors, rule=None, predictor: str = "cells"):
+    def build(self, priors, h5_priors, rule=None, predictor: str = "cells", form: str | None = None):
         """The registered PyMC model of this block's data: the primary model in the form the
-        registered rule picks for these data (``rule`` None: non-centred), the joint model, or
-        H5's probit (``h5_priors``); what ``primary_model.Fitter`` and ``sample`` fit."""
+        registered rule picks for these data (``rule`` None: non-centred; ``form``: this form
+        instead, for a fit the rule's form left divergent), the joint model, or H5's probit
+        (``h5_priors``); what ``primary_model.Fitter`` and ``sample`` fit."""
+        if form is not None and self.kind != "primary":
+            raise ValueError(f"block {self.block}: a frame form ({form!r}) is chosen only for the primary model; "
+                             f"the {self.kind} model's form is fixed (pass form=None)")
         if self.kind == "h5":
             return build_h5_model(self.data, h5_priors)
         if self.kind == "joint":
             return build_joint_model(self.data, priors, predictor)
-        form = "non_centred" if rule is None else frame_parametrisation(self.data, rule)
+        if form is None:
+            form = "non_centred" if rule is None else frame_parametrisation(self.data, rule)
         return BUILDERS[(form, predictor)](self.data, priors)
 
 
