@@ -562,12 +562,12 @@ def rescore(args) -> int:
 
 def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: float, chains: int, warmup: int,
                      draws: int, Y: np.ndarray, remedied, rule, top: dict, extensions: int,
-                     stop, first_run_s: float) -> dict | None:
+                     stop, first_run_s: float, seed: int) -> dict | None:
     """The datasets of ``remedied`` (a block's fit after its extensions) still holding a divergent
     draw, fitted again in the export's other frame form (``OTHER_FORM_FILE``) as the first form was
     (cold start, ``warmup`` + ``draws``, the remedy's extensions), their draws and divergences
-    replaced in ``remedied`` and their gradient evaluations added. Seeds: from the master seed +
-    3 + ``extensions`` (cold start; + 1 the fit, + 2 + r the extensions). None: no dataset diverged
+    replaced in ``remedied`` and their gradient evaluations added. Seeds: from the run's ``seed``
+    + 3 + ``extensions`` (cold start; + 1 the fit, + 2 + r the extensions). None: no dataset diverged
     or the block has no other form; else a record (``refitted``: positions in the run), with
     ``cut_by_deadline`` where ``stop(seconds)`` refused it (projected at ``first_run_s``: lockstep,
     a few datasets cost about what the batch did)."""
@@ -590,7 +590,7 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
                                      target_accept=target_accept,
                                      dense_idx=arr["other_dense_idx"] if opts["dense"] else None,
                                      shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
-    base = top["master_seed"] + 3 + extensions
+    base = seed + 3 + extensions
     Yd, tm = Y[diverging], {}
     fit = sampler.fit_kept(Yd, vec.FrozenHMC.cold_start(arr["other_x0"], chains, base), base + 1, warmup, draws,
                            timings=tm)
@@ -641,6 +641,7 @@ def run(args) -> int:
     rule = argparse.Namespace(**top["convergence"])
     s = top["simulation_sampler"]
     chains = args.chains or s["chains"]
+    seed = top["master_seed"] + 100_000 * args.seed_offset  # the sampler's seeds; the scoring's stay the master seed's
     warmup = args.warmup if args.warmup is not None else VALIDATED_WARMUP
     draws = args.draws or s["draws"]
     extensions = top["max_extensions"] if args.extensions is None else args.extensions
@@ -654,7 +655,8 @@ def run(args) -> int:
            "blackjax": __import__("blackjax").__version__, "export": {k: v for k, v in top.items() if k != "per_block"},
            "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
                        "target_accept": args.target_accept, "extensions": extensions,
-                       "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws},
+                       "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws,
+                       "seed_offset": args.seed_offset},
            "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
 
     def save():
@@ -691,7 +693,7 @@ def run(args) -> int:
                                          dense_idx=arr["dense_idx"] if opts["dense"] else None,
                                          shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
-        start = vec.FrozenHMC.cold_start(arr["x0"], chains, top["master_seed"])
+        start = vec.FrozenHMC.cold_start(arr["x0"], chains, seed)
         Y = arr["Y"][F:F + K].astype(np.float64)
         # the validation datasets exactly as the references saw them (in a subset --without-references,
         # every dataset: float64_outcomes)
@@ -702,7 +704,7 @@ def run(args) -> int:
                               "what": f"warm-up {warmup} + first {args.chunk_draws or draws} draws, one program"}
         save()
         tm: dict = {}
-        fit = sampler.fit_kept(Y, start, top["master_seed"] + 1, warmup, args.chunk_draws or draws, timings=tm)
+        fit = sampler.fit_kept(Y, start, seed + 1, warmup, args.chunk_draws or draws, timings=tm)
         draws_cut = None
         # --chunk-draws: the registered draws in chunks continuing the frozen kernels (the chains are the same
         # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept.
@@ -717,7 +719,7 @@ def run(args) -> int:
             res["in_progress"].update(what=f"draws {made} to {made + n}", since_elapsed_s=time.perf_counter() - t_start)
             save()
             tc: dict = {}
-            fit = sampler.extend(Y, fit, top["master_seed"] + 1000 + made, n, timings=tc)
+            fit = sampler.extend(Y, fit, seed + 1000 + made, n, timings=tc)
             tm["run_s"], tm["compile_s"] = tm["run_s"] + tc["run_s"], tm["compile_s"] + tc["compile_s"]
             chunk_s = tc["run_s"]
         W, c = arr["contrast_W"], arr["contrast_c"]
@@ -735,7 +737,7 @@ def run(args) -> int:
         remedied = vec.extend_missing(
             sampler, Y, fit, contrast_draws,
             lambda draws, div: validation.convergence_counts(draws, rule, div)["failing"],
-            top["master_seed"] + 2, top["extension_draws"], extensions,
+            seed + 2, top["extension_draws"], extensions,
             stop=lambda r: past_deadline(tm["run_s"] * top["extension_draws"] / (warmup + made), deadline))
         h, divs, extended = remedied.draws, remedied.divergences, remedied.extended
         ext_s, ext_compile_s, cut, rounds = remedied.run_s, remedied.compile_s, remedied.stopped, len(extended)
@@ -744,7 +746,7 @@ def run(args) -> int:
         # that fit is kept (an export made before the other form was kept has none: recorded)
         refit = other_form_refit(d, m, arr, opts, args.target_accept, chains, warmup, made, Y, remedied,
                                  rule, top, extensions,
-                                 lambda need: past_deadline(need, deadline), tm["run_s"])
+                                 lambda need: past_deadline(need, deadline), tm["run_s"], seed)
         forms = [m["frame_form"]] * K
         for j in (refit or {}).get("refitted", []):
             forms[j] = refit["form"]
@@ -864,6 +866,9 @@ def main() -> int:
     r.add_argument("--warmup", type=int, help="per dataset (default 400, as validated on CPU)")
     r.add_argument("--draws", type=int, help="default: the simulation_sampler section's")
     r.add_argument("--target-accept", type=float, default=0.9)
+    r.add_argument("--seed-offset", type=int, default=0,
+                   help="another seed for the sampler (the master seed + 100,000 x this): repeats of one run, to "
+                        "tell a sampler's spread from its bias; 0, the default, is the run a validation scores")
     r.add_argument("--extensions", type=int, help="default: the registered remedy's max_extensions")
     r.add_argument("--max-seconds", type=float, default=300.0)
     r.add_argument("--chunk-draws", type=int, default=0,

@@ -216,6 +216,18 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert one["extensions"] == 1 and one["datasets_extended"] == [1]
     assert one["draws_per_chain_per_dataset"] == [20 + top["extension_draws"]] and one["draws_per_chain"] == 20
     assert {r["dataset"] for r in one["validation"]["rows"]} == {1}
+    # --seed-offset: the same run with other sampler seeds (repeats, to tell spread from bias); the default
+    # is the run a validation scores
+    reseeded = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
+                               "--blocks", "primary", "--first-dataset", "1", "--warmup", "20", "--draws", "20",
+                               "--extensions", "1", "--seed-offset", "1", "--json", "reseeded.json",
+                               "--save-draws", str(tmp_path / "reseeded")],
+                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert reseeded.returncode == 0, reseeded.stderr[-3000:]
+    assert json.loads((out / "second.json").read_text())["sampler"]["seed_offset"] == 0
+    assert json.loads((out / "reseeded.json").read_text())["sampler"]["seed_offset"] == 1
+    first_draws = np.load(tmp_path / "second" / "primary.npz")["H1"][:, :, :20]
+    assert not np.array_equal(np.load(tmp_path / "reseeded" / "primary.npz")["H1"][:, :, :20], first_draws)
     both = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
                            str(tmp_path / "lease_draws"), str(tmp_path / "second"),
                            "--json", str(tmp_path / "both.json")],
