@@ -765,8 +765,8 @@ def sbc_reproduce(stored_path: Path, settings, priors, h5p, sampler, n: int, war
     depend on how many draws follow, so the first ``n`` are the stored run's first ``n``.
     Exits 1 where any rank differs; refuses a stored run of other settings or sampler."""
     stored = json.loads(stored_path.read_text())
-    ours = json.loads(json.dumps(vars(sampler), default=float))
-    differ = {k: (stored.get("sampler", {}).get(k), v) for k, v in ours.items() if stored.get("sampler", {}).get(k) != v}
+    ours, theirs = json.loads(json.dumps(vars(sampler), default=float)), stored.get("sampler", {})
+    differ = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
     if stored.get("settings_sha256") != settings.sha256 or differ or not stored.get("sbc"):
         raise SystemExit(f"--sbc-reproduce {stored_path}: not this SBC (settings "
                          f"{str(stored.get('settings_sha256'))[:12]} vs {settings.sha256[:12]}; sampler fields "

@@ -560,6 +560,16 @@ def rescore(args) -> int:
     return 0
 
 
+def contrasts_of(W: np.ndarray, c: np.ndarray, names):
+    """kept draws (K, chains, draws, k) -> the reported contrasts by name, each (K, chains, draws),
+    through the export's affine map (``accelerated.affine_contrasts``)."""
+    def draws(kept):
+        h = kept @ W + c
+        return {name: h[..., j] for j, name in enumerate(names)}
+
+    return draws
+
+
 def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: float, chains: int, warmup: int,
                      draws: int, Y: np.ndarray, remedied, rule, top: dict, extensions: int,
                      stop, first_run_s: float, seed: int) -> dict | None:
@@ -594,13 +604,8 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
     Yd, tm = Y[diverging], {}
     fit = sampler.fit_kept(Yd, vec.FrozenHMC.cold_start(arr["other_x0"], chains, base), base + 1, warmup, draws,
                            timings=tm)
-    W, c = arr["other_contrast_W"], arr["other_contrast_c"]
-
-    def contrasts(kept):
-        hh = kept @ W + c
-        return {name: hh[..., i] for i, name in enumerate(m["contrasts"])}
-
-    again = vec.extend_missing(sampler, Yd, fit, contrasts,
+    again = vec.extend_missing(sampler, Yd, fit,
+                               contrasts_of(arr["other_contrast_W"], arr["other_contrast_c"], m["contrasts"]),
                                lambda dr, dv: validation.convergence_counts(dr, rule, dv)["failing"],
                                base + 2, top["extension_draws"], extensions,
                                stop=lambda r: stop(tm["run_s"] * top["extension_draws"] / (warmup + draws)))
@@ -722,11 +727,7 @@ def run(args) -> int:
             fit = sampler.extend(Y, fit, seed + 1000 + made, n, timings=tc)
             tm["run_s"], tm["compile_s"] = tm["run_s"] + tc["run_s"], tm["compile_s"] + tc["compile_s"]
             chunk_s = tc["run_s"]
-        W, c = arr["contrast_W"], arr["contrast_c"]
-
-        def contrast_draws(kept):
-            h = kept @ W + c  # (K, chains, draws, contrasts)
-            return {name: h[..., j] for j, name in enumerate(m["contrasts"])}
+        contrast_draws = contrasts_of(arr["contrast_W"], arr["contrast_c"], m["contrasts"])
 
         # the remedy as power_simulation's accelerator path runs it (vectorised.extend_missing): only the
         # datasets missing the rule continue, each with its own kernel, in a program of their own; an
