@@ -553,10 +553,53 @@ def rescore(args) -> int:
               f"{v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
               f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
               f"{v['verdict']['status']}", flush=True)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=float) + "\n")
-    print(f"rescore blocks={len(res['blocks'])} json={out}")
+    print(f"rescore blocks={len(res['blocks'])} json={written(res, args.json)}")
+    return 0
+
+
+def written(res: dict, path) -> Path:
+    """``res`` as JSON at ``path`` (its folder made); the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    return path
+
+
+def spread(args) -> int:
+    """Whether the candidate's MCSEs are its run-to-run spread (``validation.run_to_run_spread``):
+    the saved draws of two or more runs of the SAME datasets with other sampler seeds (``run
+    --seed-offset``; one ``--draws`` folder per run). Item 3(a)'s z against one fixed reference is
+    N(0, 1) only where they are. No sampling; JSON to ``--json``, a line per statistic."""
+    sys.path.insert(0, str(ROOT))
+    from fear_assets.simulation import validation
+
+    art, folders = Path(args.artefacts), [Path(f) for f in args.draws]
+    top = json.loads((art / "manifest.json").read_text())
+    res = {"what": "run-to-run spread of a sampler's estimates against its MCSE; benchmarks/power_gpu_blocks.py spread",
+           "draws": [str(f) for f in folders], "blocks": {}}
+    for block in sorted({p.stem for f in folders for p in f.glob("*.npz")}):
+        m = json.loads((art / block / "manifest.json").read_text())
+        runs = [saved_runs([f], block, m["contrasts"]) for f in folders]
+        if any(r is None for r in runs):
+            raise SystemExit(f"--draws: block {block} is not saved in every folder; give runs of the same datasets")
+        numbers = runs[0][2]
+        if any(not np.array_equal(r[2], numbers) for r in runs):
+            raise SystemExit(f"--draws: the runs hold other datasets ({[r[2].tolist() for r in runs]}); give runs of "
+                             f"the same datasets")
+        samplers = [r[3] or {} for r in runs]
+        offsets = [int(x.get("seed_offset", 0)) for x in samplers]
+        differ = [f"{f}: {x}" for f, x in zip(folders, samplers)
+                  if any(x.get(k) != samplers[0].get(k) for k in SBC_VOUCHED_FIELDS)]
+        if differ or len(set(offsets)) < len(offsets):
+            raise SystemExit(f"--draws: give runs of one sampler with distinct --seed-offset (offsets {offsets}; "
+                             f"other samplers than {folders[0]}'s: {differ})")
+        out = validation.run_to_run_spread([r[0] for r in runs], top["hdi_prob"], top["master_seed"], numbers.tolist())
+        res["blocks"][block] = {**out, "seed_offsets": offsets, "dataset_numbers": numbers.tolist(),
+                                "sampler": samplers[0], "scenario": top["scenario"]}
+        for st, v in out["spread_ratio"].items():
+            print(f"{block} {st}: spread / MCSE {v['ratio']:.2f} (95% {v['interval'][0]:.2f}-{v['interval'][1]:.2f}, "
+                  f"{out['degrees_of_freedom']} df)", flush=True)
+    print(f"spread blocks={len(res['blocks'])} json={written(res, args.json)}")
     return 0
 
 
@@ -618,7 +661,8 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
     record.update(refitted=diverging, divergences_after=[int(np.sum(again.divergences[i])) for i in range(len(Yd))],
                   extensions=len(again.extended), datasets_extended=again.extended,
                   extensions_cut_by_deadline=again.stopped, compile_s=tm["compile_s"] + again.compile_s,
-                  run_s=tm["run_s"] + again.run_s, step_size=[float(v) for v in ad.step_size],
+                  run_s=tm["run_s"] + again.run_s, warmup_chains=sampler.warmup_chains(len(Yd), chains),
+                  step_size=[float(v) for v in ad.step_size],
                   trajectory_length=[float(v) for v in ad.trajectory_length])
     return record
 
@@ -661,7 +705,9 @@ def run(args) -> int:
            "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
                        "target_accept": args.target_accept, "extensions": extensions,
                        "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws,
-                       "seed_offset": args.seed_offset},
+                       "seed_offset": args.seed_offset,
+                       "min_pooled_chains": (vec.POOLED_LENGTH_MIN_CHAINS
+                                             if pg.candidate_options(args.algorithm)["pool_length"] else None)},
            "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
 
     def save():
@@ -758,7 +804,7 @@ def run(args) -> int:
         per_row_s = run_s / (K * m["rows"]) * (warmup + draws) / (warmup + lengths.max())
         ad = fit["adapted"]
         entry = {"kind": m["kind"], "rows": m["rows"], "dim": m["dim"], "datasets": K, "first_dataset": F,
-                 "chains": chains,
+                 "chains": chains, "warmup_chains": sampler.warmup_chains(K, chains),
                  "compile_s": tm["compile_s"], "run_s": tm["run_s"], "extensions": rounds,
                  "datasets_extended": extended, "extension_s": ext_s,
                  "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,
@@ -911,9 +957,14 @@ def main() -> int:
     q.add_argument("--sbc", help="a power_gpu.py validate JSON whose SBC (item 3(b), a reduced design) completes the "
                                  "verdict: the same sampler settings and registered settings, >= 500 prior draws")
     q.add_argument("--json", required=True)
+    w = sub.add_parser("spread", help="a sampler's run-to-run spread against its MCSE, from runs of the same "
+                       "datasets with other seeds (run --seed-offset --save-draws)")
+    w.add_argument("--artefacts", default=str(ART))
+    w.add_argument("--draws", required=True, nargs="+", help="one folder per run (run --save-draws), two or more")
+    w.add_argument("--json", required=True)
     args = p.parse_args()
     return {"export": export, "subset": subset, "run": run, "references": references, "null": null,
-            "rescore": rescore}[args.cmd](args)
+            "rescore": rescore, "spread": spread}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,38 @@ def test_a_small_shift_shared_by_every_dataset_shows_in_the_shared_shift_not_in_
     assert shifted["max_shared_shift_z"] >= shifted["shared_shift_z"]["H2.mean"]
 
 
+def test_the_run_to_run_spread_matches_the_mcse_of_correct_runs_and_exceeds_it_where_runs_wander():
+    """``run_to_run_spread``: runs of the same datasets with other seeds vary, estimate by
+    estimate, as their MCSEs say where the sampler is right (ratio about 1, its interval holding
+    1). The case that breaks the comparison's z: a sampler whose runs each stop at their own
+    offset (a kernel adapted differently per seed that has not reached its stationary
+    distribution), so one run's draws agree among themselves but not with the next run's. There
+    the ratio exceeds 1 on the mean and both HDI endpoints, and the interval excludes 1."""
+    rng = np.random.default_rng(8)
+    K, S = 12, 4
+    truth = rng.normal(0.0, 0.1, K)
+
+    def runs(offset_sd):
+        out = []
+        for _ in range(S):
+            shift = rng.normal(0.0, offset_sd)  # one offset per run, shared by its chains and datasets
+            out.append({"H2": [_ar1(rng, n=500, rho=0.6, shift=truth[k] + shift, scale=0.05) for k in range(K)]})
+        return out
+
+    correct = validation.run_to_run_spread(runs(0.0), 0.99, seed=5, datasets=range(K))
+    assert correct["degrees_of_freedom"] == K * (S - 1) and len(correct["rows"]) == K
+    for st, v in correct["spread_ratio"].items():
+        assert 0.7 < v["ratio"] < 1.4 and v["interval"][0] < 1.0 < v["interval"][1], (st, v)
+    # offsets of twice an HDI endpoint's MCSE (a 99% endpoint's is about three times the mean's)
+    mcse = float(np.mean([max(dg.mcse_hdi(x, 0.99, rng)) for x in runs(0.0)[0]["H2"]]))
+    wandering = validation.run_to_run_spread(runs(2.0 * mcse), 0.99, seed=5, datasets=range(K))
+    for st in ("mean", "hdi_low", "hdi_high"):
+        v = wandering["spread_ratio"][st]
+        assert v["ratio"] > 1.5 and v["interval"][0] > 1.0, (st, v)
+    with pytest.raises(ValueError, match="at least two"):
+        validation.run_to_run_spread(runs(0.0)[:1], 0.99, seed=5, datasets=range(K))
+
+
 def test_runs_of_disjoint_datasets_scored_together_give_each_row_as_scored_alone():
     """A validation of many datasets may be fitted in several programs (a CPU fits batches in
     turn) and scored together: a dataset's row, its bootstrap stream included, must not depend on

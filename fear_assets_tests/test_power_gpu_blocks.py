@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from fear_assets.core.settings import PROJECT_ROOT
+from fear_assets.simulation.vectorised import POOLED_LENGTH_MIN_CHAINS
 
 SCRIPT = PROJECT_ROOT / "benchmarks" / "power_gpu_blocks.py"
 
@@ -159,6 +160,10 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     chunked_res = json.loads((out / "chunked.json").read_text())
     fc = chunked_res["blocks"]["forced_choice"]
     assert chunked_res["sampler"]["algorithm"] == "adaptive_hmc_dense_pooled"
+    # a pooled program of few datasets warms up on helper chains up to the floor, and keeps its registered chains
+    floor = chunked_res["sampler"]["min_pooled_chains"]
+    assert floor == POOLED_LENGTH_MIN_CHAINS and fc["datasets"] * fc["chains"] < floor
+    assert fc["warmup_chains"] > fc["chains"] and fc["datasets"] * fc["warmup_chains"] >= floor
     assert fc["draws_per_chain"] == 30 and fc["draws_cut_by_deadline"] is None
     saved = np.load(tmp_path / "draws" / "forced_choice.npz")
     contrasts = json.loads((art / "forced_choice" / "manifest.json").read_text())["contrasts"]
@@ -228,6 +233,21 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert json.loads((out / "reseeded.json").read_text())["sampler"]["seed_offset"] == 1
     first_draws = np.load(tmp_path / "second" / "primary.npz")["H1"][:, :, :20]
     assert not np.array_equal(np.load(tmp_path / "reseeded" / "primary.npz")["H1"][:, :, :20], first_draws)
+    # spread: the two seeds' runs of dataset 1, each estimate's spread against its MCSE; runs of one seed twice,
+    # or of other datasets, are refused
+    spread = subprocess.run([sys.executable, str(SCRIPT), "spread", "--artefacts", str(art), "--draws",
+                             str(tmp_path / "second"), str(tmp_path / "reseeded"),
+                             "--json", str(tmp_path / "spread.json")],
+                            env=device_env, capture_output=True, text=True, timeout=900)
+    assert spread.returncode == 0, spread.stderr[-3000:]
+    sp = json.loads((tmp_path / "spread.json").read_text())["blocks"]["primary"]
+    assert sp["seed_offsets"] == [0, 1] and sp["dataset_numbers"] == [1] and sp["degrees_of_freedom"] == 3
+    assert all(v["ratio"] > 0 and v["interval"][0] < v["ratio"] < v["interval"][1] for v in sp["spread_ratio"].values())
+    for folders in ([tmp_path / "second", tmp_path / "second"], [tmp_path / "second", tmp_path / "lease_draws"]):
+        refused = subprocess.run([sys.executable, str(SCRIPT), "spread", "--artefacts", str(art), "--draws",
+                                  *map(str, folders), "--json", str(tmp_path / "refused.json")],
+                                 env=device_env, capture_output=True, text=True, timeout=900)
+        assert refused.returncode != 0 and "--draws" in refused.stderr, refused.stderr[-2000:]
     both = subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
                            str(tmp_path / "lease_draws"), str(tmp_path / "second"),
                            "--json", str(tmp_path / "both.json")],

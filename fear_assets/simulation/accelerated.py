@@ -357,6 +357,8 @@ def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors,
             "timings": fit["timings"], "tune": tuned.timings, "extensions": len(extended),
             "datasets_extended": extended,
             "draws_per_chain": int(fit["kept"].shape[2]),
+            # where a pooled length's floor added helper chains to the warm-up
+            "warmup_chains": (tuned.sampler.warmup_chains(len(idx), sampler.chains) if adaptive else sampler.chains),
             "draws_per_chain_per_dataset": [int(x.shape[1]) for x in draws[next(iter(draws))]],
             "divergences": [int(np.sum(d)) for d in div],
             "warmup_divergences": (np.asarray(fit["warmup_divergences"]).sum(axis=1).tolist()

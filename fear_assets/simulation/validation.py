@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtri
+from scipy.stats import chi2
 
 from fear_assets.models.decision import label
 from fear_assets.simulation import diagnostics as dg
@@ -85,6 +86,46 @@ def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray]
             "max_endpoint_z": max(max_z["hdi_low"], max_z["hdi_high"]), "max_z": float(np.abs(zs).max()),
             "label_flips": int(sum(r["flip"] for r in rows)), "label_flips_not_near_boundary": len(far),
             "passed": bool(np.abs(zs).max() <= bound and not far), "rows": rows}
+
+
+def run_to_run_spread(runs: Sequence[Mapping[str, Sequence[np.ndarray]]], hdi_prob: float, seed: int,
+                      datasets: Sequence[int], confidence: float = 0.95) -> dict:
+    """Whether a sampler's MCSEs are its run-to-run spread: ``runs`` are S >= 2 fits of the same
+    datasets by the same sampler with other seeds (contrast -> K arrays (chains, draws)). Per
+    statistic (``diagnostics.STATISTICS``), over every dataset and contrast: the spread ratio
+    sqrt(sum of the S estimates' sample variances / sum of their mean squared MCSE), with its
+    ``confidence`` interval (chi-square with K x contrasts x (S - 1) degrees of freedom). About 1
+    where the MCSE is right; above 1, item 3(a)'s z against a fixed reference is too large by
+    that factor for this sampler, so its bound would fail correct fits. The MCSE as
+    ``compare_runs`` draws it (the same bootstrap streams: ``seed``, the dataset's number, the
+    contrast). Pure."""
+    S = len(runs)
+    if S < 2:
+        raise ValueError(f"runs: give at least two fits of the same datasets, got {S}")
+    names = list(runs[0])
+    var_sum = dict.fromkeys(dg.STATISTICS, 0.0)
+    mcse2_sum = dict.fromkeys(dg.STATISTICS, 0.0)
+    rows = []
+    for name in names:
+        for i, k in enumerate(datasets):
+            summaries = [dg.summary_with_mcse(run[name][i], hdi_prob, np.random.default_rng([int(seed), int(k),
+                                                                                              *name.encode()]))
+                         for run in runs]
+            row = {"contrast": name, "dataset": int(k)}
+            for st in dg.STATISTICS:
+                x = np.array([a[st] for a in summaries])
+                m2 = np.array([a[f"mcse_{st}"] ** 2 for a in summaries])
+                var_sum[st] += float(x.var(ddof=1))
+                mcse2_sum[st] += float(m2.mean())
+                row[st] = {"sd_across_runs": float(x.std(ddof=1)), "rms_mcse": float(np.sqrt(m2.mean()))}
+            rows.append(row)
+    df = len(rows) * (S - 1)
+    lo_q, hi_q = chi2.ppf([(1 + confidence) / 2, (1 - confidence) / 2], df)
+    ratio = {st: {"ratio": float(np.sqrt(var_sum[st] / mcse2_sum[st])),
+                  "interval": [float(np.sqrt(var_sum[st] / mcse2_sum[st] * df / lo_q)),
+                               float(np.sqrt(var_sum[st] / mcse2_sum[st] * df / hi_q))]}
+             for st in dg.STATISTICS}
+    return {"runs": S, "degrees_of_freedom": df, "confidence": confidence, "spread_ratio": ratio, "rows": rows}
 
 
 def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.ndarray | None = None) -> dict:
