@@ -24,7 +24,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtri
-from scipy.stats import chi2
 
 from fear_assets.models.decision import label
 from fear_assets.simulation import diagnostics as dg
@@ -99,6 +98,8 @@ def run_to_run_spread(runs: Sequence[Mapping[str, Sequence[np.ndarray]]], hdi_pr
     that factor for this sampler, so its bound would fail correct fits. The MCSE as
     ``compare_runs`` draws it (the same bootstrap streams: ``seed``, the dataset's number, the
     contrast). Pure."""
+    from scipy.stats import chi2  # not at import: loading the definitions must not pull scipy.stats in
+
     S = len(runs)
     if S < 2:
         raise ValueError(f"runs: give at least two fits of the same datasets, got {S}")
