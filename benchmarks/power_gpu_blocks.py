@@ -481,8 +481,7 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
         sampler = None
     else:
         sampler = samplers[0]
-        differ = [f"{p}: {x}" for (p, _, _), x in zip(parts, samplers)
-                  if any(x.get(k) != sampler.get(k) for k in SBC_VOUCHED_FIELDS)]
+        differ = samplers_differing([str(p) for p, _, _ in parts], samplers)
         if differ:
             raise SystemExit(f"--draws: runs of block {block} with other samplers than {parts[0][0]}'s "
                              f"({sampler}): {differ}; score each sampler's runs on their own")
@@ -496,6 +495,13 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
     h = {n: [x[i] for i in order] for n, x in h.items()}
     failing = np.concatenate([np.asarray(d["failing"], dtype=bool) for _, d, _ in parts])[order]
     return h, failing, numbers[order], sampler
+
+
+def samplers_differing(names: list[str], samplers: list[dict]) -> list[str]:
+    """"name: sampler" of each run whose sampler settings (``SBC_VOUCHED_FIELDS``) are not the
+    first run's: runs scored or compared together must be of one sampler."""
+    return [f"{n}: {x}" for n, x in zip(names, samplers)
+            if any(x.get(k) != samplers[0].get(k) for k in SBC_VOUCHED_FIELDS)]
 
 
 def sbc_of(path: Path, sampler: dict | None, top: dict) -> dict:
@@ -588,8 +594,7 @@ def spread(args) -> int:
                              f"the same datasets")
         samplers = [r[3] or {} for r in runs]
         offsets = [int(x.get("seed_offset", 0)) for x in samplers]
-        differ = [f"{f}: {x}" for f, x in zip(folders, samplers)
-                  if any(x.get(k) != samplers[0].get(k) for k in SBC_VOUCHED_FIELDS)]
+        differ = samplers_differing([str(f) for f in folders], samplers)
         if differ or len(set(offsets)) < len(offsets):
             raise SystemExit(f"--draws: give runs of one sampler with distinct --seed-offset (offsets {offsets}; "
                              f"other samplers than {folders[0]}'s: {differ})")
@@ -691,6 +696,7 @@ def run(args) -> int:
     s = top["simulation_sampler"]
     chains = args.chains or s["chains"]
     seed = top["master_seed"] + 100_000 * args.seed_offset  # the sampler's seeds; the scoring's stay the master seed's
+    opts = pg.candidate_options(args.algorithm)
     warmup = args.warmup if args.warmup is not None else VALIDATED_WARMUP
     draws = args.draws or s["draws"]
     extensions = top["max_extensions"] if args.extensions is None else args.extensions
@@ -706,8 +712,7 @@ def run(args) -> int:
                        "target_accept": args.target_accept, "extensions": extensions,
                        "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws,
                        "seed_offset": args.seed_offset,
-                       "min_pooled_chains": (vec.POOLED_LENGTH_MIN_CHAINS
-                                             if pg.candidate_options(args.algorithm)["pool_length"] else None)},
+                       "min_pooled_chains": vec.POOLED_LENGTH_MIN_CHAINS if opts["pool_length"] else None},
            "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
 
     def save():
@@ -739,7 +744,6 @@ def run(args) -> int:
                 continue
         t = time.perf_counter()
         ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
-        opts = pg.candidate_options(args.algorithm)
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=arr["dense_idx"] if opts["dense"] else None,
                                          shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])

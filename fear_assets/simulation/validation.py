@@ -50,6 +50,13 @@ def compare_contrast(short: np.ndarray, long: np.ndarray, hdi_prob: float, rope:
             "candidate": a, "reference": b}
 
 
+def bootstrap_stream(seed: int, dataset: int, contrast: str) -> np.random.Generator:
+    """The HDI endpoints' bootstrap stream of one dataset's contrast: from the registered master
+    ``seed``, the dataset's own number and the contrast, so a row's MCSE does not depend on which
+    other rows are scored with it, and every comparison of the same row draws the same stream."""
+    return np.random.default_rng([int(seed), int(dataset), *contrast.encode()])
+
+
 def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray], hdi_prob: float,
                  ropes: Mapping[str, float], seed: int, datasets: Sequence[int] | None = None) -> dict:
     """Every contrast of every dataset: ``short``/``long`` map a contrast to (K, chains, draws)
@@ -69,8 +76,7 @@ def compare_runs(short: Mapping[str, np.ndarray], long: Mapping[str, np.ndarray]
     rows = []
     for name in short:
         for i, k in enumerate(numbers):
-            rng = np.random.default_rng([int(seed), k, *name.encode()])
-            c = compare_contrast(short[name][i], long[name][i], hdi_prob, ropes[name], rng)
+            c = compare_contrast(short[name][i], long[name][i], hdi_prob, ropes[name], bootstrap_stream(seed, k, name))
             rows.append({"contrast": name, "dataset": k, **{f"z_{s}": c["z"][s] for s in dg.STATISTICS},
                          "label": c["label"], "reference_label": c["reference_label"], "flip": c["flip"],
                          "near_boundary": c["near_boundary"]})
@@ -96,8 +102,7 @@ def run_to_run_spread(runs: Sequence[Mapping[str, Sequence[np.ndarray]]], hdi_pr
     ``confidence`` interval (chi-square with K x contrasts x (S - 1) degrees of freedom). About 1
     where the MCSE is right; above 1, item 3(a)'s z against a fixed reference is too large by
     that factor for this sampler, so its bound would fail correct fits. The MCSE as
-    ``compare_runs`` draws it (the same bootstrap streams: ``seed``, the dataset's number, the
-    contrast). Pure."""
+    ``compare_runs`` draws it (``bootstrap_stream``). Pure."""
     from scipy.stats import chi2  # not at import: loading the definitions must not pull scipy.stats in
 
     S = len(runs)
@@ -109,9 +114,7 @@ def run_to_run_spread(runs: Sequence[Mapping[str, Sequence[np.ndarray]]], hdi_pr
     rows = []
     for name in names:
         for i, k in enumerate(datasets):
-            summaries = [dg.summary_with_mcse(run[name][i], hdi_prob, np.random.default_rng([int(seed), int(k),
-                                                                                              *name.encode()]))
-                         for run in runs]
+            summaries = [dg.summary_with_mcse(run[name][i], hdi_prob, bootstrap_stream(seed, k, name)) for run in runs]
             row = {"contrast": name, "dataset": int(k)}
             for st in dg.STATISTICS:
                 x = np.array([a[st] for a in summaries])
