@@ -292,7 +292,11 @@ def null(args) -> int:
     """The comparison's false-alarm check: the registered sampler (nutpie) itself, run again at the
     candidate's length (4 chains x ``--draws`` after 1,000 tuning steps) with new seeds, against the
     export's references, scored by ``validation.compare_runs``. Both runs are correct, so every z is
-    about N(0, 1): the JSON gives the SD and largest |z| per statistic and whether the rule passed.
+    about N(0, 1): the JSON gives the SD and largest |z| per statistic and whether the rule passed,
+    and each contrast's shared shifts (``compare_runs``' ``shared_shift_z``): a candidate's shared
+    shift that the registered sampler shows too against the same references is the comparison's,
+    not the candidate's. ``--first-dataset`` and ``--run-offset`` (the runs' seeds) let it run in
+    sittings, or add runs new to an earlier check.
     Beside it, the endpoints' z with a quantile's MCSE at the endpoint's share (the estimator before
     2026-12-05), to show what the bootstrap changes. The short runs' draws are kept beside the
     JSON (``.draws.npz``); ``--reuse-draws`` scores them again without sampling."""
@@ -306,30 +310,36 @@ def null(args) -> int:
     ex = Exported(Path(args.artefacts), args.block)
     m, arr = ex.m, ex.arr
     V = min(int(m["validate_datasets"]), args.datasets or int(m["validate_datasets"]))
+    F, R0 = int(args.first_dataset), int(args.run_offset)
     if not V:
         raise SystemExit(f"{ex.dir}: no references; run `references` first")
+    if not 0 <= F < V or R0 < 0:
+        raise SystemExit(f"--first-dataset {F} --run-offset {R0}: give 0 <= first dataset < {V} (the datasets with "
+                         f"a reference) and a run offset >= 0")
     fitter = Fitter(ex.priors, args.draws, 1000, 4, rule=ex.rule)
     hdi_prob = ex.top["hdi_prob"]
     rows, quantile_z, divergences = [], [], []
     kept_path = Path(args.json).with_suffix(".draws.npz")
     if args.reuse_draws:  # score the kept runs again: no sampling
         kept = dict(np.load(kept_path))
-        if kept[m["contrasts"][0]].shape[:2] != (V, args.runs):
-            raise SystemExit(f"{kept_path}: holds another number of datasets or runs than --datasets/--runs")
+        if kept[m["contrasts"][0]].shape[:2] != (V - F, args.runs):
+            raise SystemExit(f"{kept_path}: holds another number of datasets or runs than --first-dataset/--datasets/"
+                             f"--runs")
     else:
-        kept = {c: np.zeros((V, args.runs, 4, args.draws)) for c in m["contrasts"]}
-        kept["divergences"] = np.zeros((V, args.runs), dtype=np.int64)
-    for j in range(V):
+        kept = {c: np.zeros((V - F, args.runs, 4, args.draws)) for c in m["contrasts"]}
+        kept["divergences"] = np.zeros((V - F, args.runs), dtype=np.int64)
+    for i, j in enumerate(range(F, V)):
         b = None if args.reuse_draws else ex.dataset(j)
         long = {name: arr[f"reference_{name}"][j] for name in m["contrasts"]}
-        for r in range(args.runs):
+        # run r's seeds are the same whatever --runs says, so `--run-offset 2` gives runs new to `--runs 2`
+        for r in range(R0, R0 + args.runs):
             if not args.reuse_draws:
                 idata = fitter.fit(b.data, ex.seed + 5000 + 100 * r + m["datasets"][j])
                 for c, x in b.contrasts(idata).items():
-                    kept[c][j, r] = np.asarray(x).reshape(4, -1)
-                kept["divergences"][j, r] = int(np.asarray(idata.sample_stats["diverging"]).sum())
-            short = {c: kept[c][j, r] for c in m["contrasts"]}
-            divergences.append(int(kept["divergences"][j, r]))
+                    kept[c][i, r - R0] = np.asarray(x).reshape(4, -1)
+                kept["divergences"][i, r - R0] = int(np.asarray(idata.sample_stats["diverging"]).sum())
+            short = {c: kept[c][i, r - R0] for c in m["contrasts"]}
+            divergences.append(int(kept["divergences"][i, r - R0]))
             comp = validation.compare_runs({c: [short[c]] for c in m["contrasts"]},
                                            {c: [long[c]] for c in m["contrasts"]}, hdi_prob, m["ropes"],
                                            ex.seed + r)
@@ -344,11 +354,19 @@ def null(args) -> int:
     allz = np.concatenate(list(z.values()))
     bound = validation.z_bound(allz.size)
     res = {"what": "nutpie against nutpie: the validation rule's false alarms; benchmarks/power_gpu_blocks.py null",
-           "block": args.block, "datasets": V, "runs_per_dataset": args.runs, "short": {"chains": 4, "tune": 1000,
-                                                                                      "draws": args.draws},
-           "reference_draws": m["reference"]["draws"], "comparisons": int(allz.size), "z_bound": bound,
+           "block": args.block, "datasets": V - F, "dataset_numbers": [int(k) for k in m["datasets"][F:V]],
+           "runs": list(range(R0, R0 + args.runs)), "runs_per_dataset": args.runs,
+           "short": {"chains": 4, "tune": 1000, "draws": args.draws},
+           "reference_draws": m["reference"]["draws"], "scenario": ex.top["scenario"],
+           "reference_sha256": {str(m["datasets"][j]): reference_fingerprint(arr, m["contrasts"], j)
+                                for j in range(F, V)},
+           "comparisons": int(allz.size), "z_bound": bound,
            "sd_z": {st: float(v.std()) for st, v in z.items()},
            "mean_z": {st: float(v.mean()) for st, v in z.items()},
+           # as compare_runs reports a candidate's: the scale on which its shared shifts are read
+           "shared_shift_z": {f"{c}.{st}": float(np.sqrt(len(v)) * np.mean(v)) for c in m["contrasts"]
+                              for st in dg.STATISTICS
+                              for v in [[row[f"z_{st}"] for row in rows if row["contrast"] == c]]},
            "max_abs_z": {st: float(np.abs(v).max()) for st, v in z.items()},
            "share_abs_z_over_3": {st: float(np.mean(np.abs(v) > 3)) for st, v in z.items()},
            "passed": bool(np.abs(allz).max() <= bound),
@@ -555,6 +573,13 @@ def rescore(args) -> int:
         V = v["datasets"]
         v["scenario"], v["datasets_needed"] = top["scenario"], DATASETS_PER_SCENARIO
         v["enough_datasets"] = V >= DATASETS_PER_SCENARIO
+        if args.null:
+            from fear_assets.simulation import validation
+
+            rows, files = null_rows_of(args.null, block, arr, m)
+            v["lean_beyond_null"] = {"null": files, **validation.lean_beyond_null(v["rows"], rows)}
+            print(f"{block}: lean beyond the registered sampler's null on {len(v['lean_beyond_null']['datasets'])} "
+                  f"datasets, max |z| {v['lean_beyond_null']['max_abs_lean_z']:.2f} (not judged)", flush=True)
         print(f"{block}: {V} datasets of the {top['scenario']} scenario ({DATASETS_PER_SCENARIO} needed), max |z| "
               f"{v['max_z']:.2f} (bound {v['z_bound']:.2f}), per dataset "
               f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
@@ -569,6 +594,35 @@ def written(res: dict, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1, default=float) + "\n")
     return path
+
+
+def reference_fingerprint(arr: dict, contrasts, j: int) -> str:
+    """The j-th reference's contrast draws as one sha256: a null check and a candidate compared
+    against the same references, checked, not assumed."""
+    h = hashlib.sha256()
+    for name in contrasts:
+        h.update(np.ascontiguousarray(arr[f"reference_{name}"][j], dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def null_rows_of(paths, block: str, arr: dict, m: dict) -> tuple[list[dict], list[str]]:
+    """The rows of the null checks ``paths`` (``null`` JSONs) of ``block``, each row's dataset as
+    its position in the export (as a candidate's rows are), after checking that every null row
+    was scored against the reference the export holds now."""
+    rows = []
+    for path in paths:
+        nr = json.loads(Path(path).read_text())
+        if nr.get("block") != block or "reference_sha256" not in nr:
+            raise SystemExit(f"--null {path}: not a null check of block {block} that records its references' "
+                             f"sha256 (null JSONs before 2026-12-06 do not): run `null` again, or "
+                             f"`null --reuse-draws` with its arguments")
+        for row in nr["rows"]:
+            j = m["datasets"].index(int(row["dataset"]))
+            if nr["reference_sha256"][str(row["dataset"])] != reference_fingerprint(arr, m["contrasts"], j):
+                raise SystemExit(f"--null {path}: dataset {row['dataset']}'s reference is not the one it was scored "
+                                 f"against; run `null` again on these references")
+            rows.append({**row, "dataset": j})
+    return rows, [str(p) for p in paths]
 
 
 def spread(args) -> int:
@@ -948,7 +1002,10 @@ def main() -> int:
     n.add_argument("--artefacts", default=str(ART))
     n.add_argument("--block", default="primary")
     n.add_argument("--datasets", type=int, help="validation datasets used (default: every one with a reference)")
+    n.add_argument("--first-dataset", type=int, default=0, help="the first validation dataset used")
     n.add_argument("--runs", type=int, default=2, help="independent short runs per dataset")
+    n.add_argument("--run-offset", type=int, default=0,
+                   help="the first run's number: its seeds; runs 0..--runs-1 by default, so an offset gives new ones")
     n.add_argument("--draws", type=int, default=500, help="draws per chain of a short run (the candidate's)")
     n.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "power_gpu_null.json"),
                    help="the result; the short runs' draws are kept beside it (.draws.npz)")
@@ -960,6 +1017,8 @@ def main() -> int:
                    help="the folder(s) run --save-draws wrote: runs of disjoint datasets are scored as one")
     q.add_argument("--sbc", help="a power_gpu.py validate JSON whose SBC (item 3(b), a reduced design) completes the "
                                  "verdict: the same sampler settings and registered settings, >= 500 prior draws")
+    q.add_argument("--null", nargs="+", help="null JSONs (the registered sampler against the same references): "
+                                             "each contrast's lean beyond them, reported beside the verdict")
     q.add_argument("--json", required=True)
     w = sub.add_parser("spread", help="a sampler's run-to-run spread against its MCSE, from runs of the same "
                        "datasets with other seeds (run --seed-offset --save-draws)")

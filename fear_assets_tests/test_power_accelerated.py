@@ -230,6 +230,37 @@ def test_a_small_shift_shared_by_every_dataset_shows_in_the_shared_shift_not_in_
     assert shifted["max_shared_shift_z"] >= shifted["shared_shift_z"]["H2.mean"]
 
 
+def test_a_shift_the_references_give_every_sampler_is_not_the_candidates_lean():
+    """``lean_beyond_null``: references each off by their own error (a reference's Monte Carlo
+    error, shared by every run compared with it) give a correct candidate a shared shift; the
+    registered sampler scored against the same references shows it too, so the lean beyond the
+    null is about 0. The case that breaks the shared shift alone: a candidate that leans the way
+    the references err looks clean against them (each z about 0), and its lean beyond the null
+    shows it."""
+    rng = np.random.default_rng(11)
+    K = 16
+    truth = rng.normal(0.0, 0.1, K)
+    short_mcse = 0.05 * np.sqrt((1 + 0.5) / (1 - 0.5) / 2000)  # an AR(1) mean's MCSE at rho 0.5, 4 x 500 draws
+    # each reference 2 of the short runs' MCSE above its dataset's truth
+    long = {"H2": np.stack([_ar1(rng, n=2000, shift=truth[k] + 2 * short_mcse, scale=0.05) for k in range(K)])}
+
+    def fits(offset):
+        return {"H2": np.stack([_ar1(rng, n=500, shift=truth[k] + offset, scale=0.05) for k in range(K)])}
+
+    null = validation.compare_runs(fits(0.0), long, 0.99, {"H2": 0.15}, seed=5)
+    correct = validation.compare_runs(fits(0.0), long, 0.99, {"H2": 0.15}, seed=5)
+    leaning = validation.compare_runs(fits(2 * short_mcse), long, 0.99, {"H2": 0.15}, seed=5)
+    assert correct["shared_shift_z"]["H2.mean"] < -3  # the references' error alone
+    fair = validation.lean_beyond_null(correct["rows"], null["rows"])
+    assert fair["datasets"] == list(range(K)) and fair["max_abs_lean_z"] < 3
+    assert leaning["passed"] and abs(leaning["shared_shift_z"]["H2.mean"]) < 3  # clean against the references
+    assert validation.lean_beyond_null(leaning["rows"], null["rows"])["per_statistic"]["H2.mean"]["lean_z"] > 3
+    # a null of other datasets tells nothing about these
+    elsewhere = [{**r, "dataset": r["dataset"] + K} for r in null["rows"]]
+    with pytest.raises(ValueError, match="none of the candidate's datasets"):
+        validation.lean_beyond_null(correct["rows"], elsewhere)
+
+
 def test_the_run_to_run_spread_matches_the_mcse_of_correct_runs_and_exceeds_it_where_runs_wander():
     """``run_to_run_spread``: runs of the same datasets with other seeds vary, estimate by
     estimate, as their MCSEs say where the sampler is right (ratio about 1, its interval holding
@@ -358,8 +389,6 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
     assert f"validation {expected} " in proc.stdout and "passed=False" in proc.stdout
 
 
-# Slow (JAX compilations of the SBC's model): run with -m slow before a long SBC.
-@pytest.mark.slow
 def _power_gpu_benchmark(monkeypatch):
     """benchmarks/power_gpu.py as a module (it reads benchmarks/power.py's estimates)."""
     import importlib.util

@@ -304,6 +304,46 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
                            env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "null.json").read_text())["rows"] == nr["rows"]
+    # a shared shift is read on the null's own scale: sqrt(n) x the mean z of a contrast's rows
+    h1_low = [row["z_hdi_low"] for row in nr["rows"] if row["contrast"] == "H1"]
+    assert nr["shared_shift_z"]["H1.hdi_low"] == pytest.approx(np.sqrt(len(h1_low)) * np.mean(h1_low))
+    # in sittings: dataset 1 alone, run 0 again (the same seeds: the same rows), and run 1 (new seeds)
+    for offset in (0, 1):
+        part = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
+                               "--first-dataset", "1", "--run-offset", str(offset), "--draws", "100",
+                               "--json", str(tmp_path / f"null_1_{offset}.json")],
+                              env=env, capture_output=True, text=True, timeout=900)
+        assert part.returncode == 0, part.stderr[-3000:]
+        pr = json.loads((tmp_path / f"null_1_{offset}.json").read_text())
+        assert pr["dataset_numbers"] == [nr["dataset_numbers"][1]] and pr["runs"] == [offset]
+        def without_run(rows):
+            return [{k: v for k, v in row.items() if k != "run"} for row in rows]
+
+        first = without_run(row for row in nr["rows"] if row["dataset"] == pr["dataset_numbers"][0])
+        mine = without_run(pr["rows"])
+        assert (mine == first) == (offset == 0)
+    refused = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--first-dataset", "2",
+                              "--json", str(tmp_path / "null_bad.json")], env=env, capture_output=True, text=True,
+                             timeout=900)
+    assert refused.returncode != 0 and "--first-dataset 2" in refused.stderr
+    # the candidate's lean beyond the null, on the datasets both scored against the same references
+    def rescored_with(null_json):
+        return subprocess.run([sys.executable, str(SCRIPT), "rescore", "--artefacts", str(art), "--draws",
+                               str(tmp_path / "lease_draws"), str(tmp_path / "second"), "--null", str(null_json),
+                               "--json", str(tmp_path / "leaned.json")],
+                              env=device_env, capture_output=True, text=True, timeout=900)
+
+    leaned = rescored_with(tmp_path / "null.json")
+    assert leaned.returncode == 0, leaned.stderr[-3000:]
+    scored_again = json.loads((tmp_path / "leaned.json").read_text())["blocks"]["primary"]
+    assert scored_again["rows"] == union["rows"]
+    lean = scored_again["lean_beyond_null"]
+    assert lean["datasets"] == [0, 1] and len(lean["per_statistic"]) == 3 * 4
+    # a null scored against other references than the export's now is refused
+    stale = {**nr, "reference_sha256": {k: "0" * 64 for k in nr["reference_sha256"]}}
+    (tmp_path / "stale_null.json").write_text(json.dumps(stale))
+    refused = rescored_with(tmp_path / "stale_null.json")
+    assert refused.returncode != 0 and "is not the one it was scored against" in refused.stderr
 
 
 

@@ -132,6 +132,35 @@ def run_to_run_spread(runs: Sequence[Mapping[str, Sequence[np.ndarray]]], hdi_pr
     return {"runs": S, "degrees_of_freedom": df, "confidence": confidence, "spread_ratio": ratio, "rows": rows}
 
 
+def lean_beyond_null(rows: Sequence[Mapping], null_rows: Sequence[Mapping]) -> dict:
+    """A candidate's shared shift less the registered sampler's against the same references.
+    ``rows``: ``compare_runs`` rows of the candidate; ``null_rows``: rows of the registered
+    sampler run again at the candidate's length (``power_gpu_blocks.py null``), one or more runs
+    per dataset. Per contrast and statistic, over the datasets both scored: the candidate's
+    mean z less the null's, in standard errors (each z is about N(0, 1) under a correct sampler,
+    so SE = sqrt(1/n + 1/m) for n candidate and m null rows).
+
+    Why: a shared shift can come from the comparison, not the sampler (a reference endpoint's
+    own error, a bias of the HDI estimator that the comparison at the candidate's length leaves),
+    and the registered sampler, scored against the same references, shows that part too. What
+    is left is the candidate's own lean. Not judged by item 3(a)'s rule; reported beside it."""
+    common = sorted({int(r["dataset"]) for r in rows} & {int(r["dataset"]) for r in null_rows})
+    if not common:
+        raise ValueError("lean_beyond_null: the null scored none of the candidate's datasets; run it on them")
+    out = {}
+    for name in dict.fromkeys(r["contrast"] for r in rows):
+        for st in dg.STATISTICS:
+            a = [r[f"z_{st}"] for r in rows if r["contrast"] == name and int(r["dataset"]) in common]
+            b = [r[f"z_{st}"] for r in null_rows if r["contrast"] == name and int(r["dataset"]) in common]
+            if not a or not b:
+                raise ValueError(f"lean_beyond_null: contrast {name} is missing from the "
+                                 f"{'null' if a else 'candidate'}'s rows")
+            out[f"{name}.{st}"] = {"candidate_mean_z": float(np.mean(a)), "null_mean_z": float(np.mean(b)),
+                                   "lean_z": float((np.mean(a) - np.mean(b)) / np.sqrt(1 / len(a) + 1 / len(b)))}
+    return {"datasets": common, "per_statistic": out,
+            "max_abs_lean_z": max(abs(v["lean_z"]) for v in out.values())}
+
+
 def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.ndarray | None = None) -> dict:
     """Per reported contrast, how many datasets miss the registered convergence rule (R-hat,
     bulk and tail ESS on that contrast; divergences of the fit), and the datasets missing it on
