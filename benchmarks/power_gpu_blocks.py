@@ -364,9 +364,7 @@ def null(args) -> int:
            "sd_z": {st: float(v.std()) for st, v in z.items()},
            "mean_z": {st: float(v.mean()) for st, v in z.items()},
            # as compare_runs reports a candidate's: the scale on which its shared shifts are read
-           "shared_shift_z": {f"{c}.{st}": float(np.sqrt(len(v)) * np.mean(v)) for c in m["contrasts"]
-                              for st in dg.STATISTICS
-                              for v in [[row[f"z_{st}"] for row in rows if row["contrast"] == c]]},
+           "shared_shift_z": validation.shared_shifts(rows),
            "max_abs_z": {st: float(np.abs(v).max()) for st, v in z.items()},
            "share_abs_z_over_3": {st: float(np.mean(np.abs(v) > 3)) for st, v in z.items()},
            "passed": bool(np.abs(allz).max() <= bound),
@@ -616,12 +614,12 @@ def null_rows_of(paths, block: str, arr: dict, m: dict) -> tuple[list[dict], lis
             raise SystemExit(f"--null {path}: not a null check of block {block} that records its references' "
                              f"sha256 (null JSONs before 2026-12-06 do not): run `null` again, or "
                              f"`null --reuse-draws` with its arguments")
-        for row in nr["rows"]:
-            j = m["datasets"].index(int(row["dataset"]))
-            if nr["reference_sha256"][str(row["dataset"])] != reference_fingerprint(arr, m["contrasts"], j):
-                raise SystemExit(f"--null {path}: dataset {row['dataset']}'s reference is not the one it was scored "
+        position = {int(k): m["datasets"].index(int(k)) for k in nr["reference_sha256"]}
+        for k, sha in nr["reference_sha256"].items():  # each dataset once, not once per row
+            if sha != reference_fingerprint(arr, m["contrasts"], position[int(k)]):
+                raise SystemExit(f"--null {path}: dataset {k}'s reference is not the one it was scored "
                                  f"against; run `null` again on these references")
-            rows.append({**row, "dataset": j})
+        rows += [{**row, "dataset": position[int(row["dataset"])]} for row in nr["rows"]]
     return rows, [str(p) for p in paths]
 
 

@@ -308,6 +308,9 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     h1_low = [row["z_hdi_low"] for row in nr["rows"] if row["contrast"] == "H1"]
     assert nr["shared_shift_z"]["H1.hdi_low"] == pytest.approx(np.sqrt(len(h1_low)) * np.mean(h1_low))
     # in sittings: dataset 1 alone, run 0 again (the same seeds: the same rows), and run 1 (new seeds)
+    def without_run(rows):
+        return [{k: v for k, v in row.items() if k != "run"} for row in rows]
+
     for offset in (0, 1):
         part = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
                                "--first-dataset", "1", "--run-offset", str(offset), "--draws", "100",
@@ -316,9 +319,6 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
         assert part.returncode == 0, part.stderr[-3000:]
         pr = json.loads((tmp_path / f"null_1_{offset}.json").read_text())
         assert pr["dataset_numbers"] == [nr["dataset_numbers"][1]] and pr["runs"] == [offset]
-        def without_run(rows):
-            return [{k: v for k, v in row.items() if k != "run"} for row in rows]
-
         first = without_run(row for row in nr["rows"] if row["dataset"] == pr["dataset_numbers"][0])
         mine = without_run(pr["rows"])
         assert (mine == first) == (offset == 0)
