@@ -44,6 +44,10 @@ that would pass it is not started, and with ``--chunk-draws N`` the draws after 
 chunks of N (the same frozen kernels continued), so a fit stops between chunks at the deadline with
 its draws kept. One program for the warm-up and draws together cannot be stopped: a lease's
 timeout inside it loses the block.
+
+``rescore`` scores saved draws again against an export's references; ``verdict`` joins one
+``rescore`` per registered scenario into the record a host's ``power_sampler.validation`` names
+(passed only where every scenario passed on 64 datasets, fitted by one sampler).
 """
 
 from __future__ import annotations
@@ -570,6 +574,7 @@ def rescore(args) -> int:
                                       for st in ("mean", "sd", "hdi_low", "hdi_high")) for k in v["dataset_numbers"]]
         V = v["datasets"]
         v["scenario"], v["datasets_needed"] = top["scenario"], DATASETS_PER_SCENARIO
+        v.update({k: top[k] for k in ("settings_sha256", "frames", "depths")})  # what verdict joins must agree on
         v["enough_datasets"] = V >= DATASETS_PER_SCENARIO
         if args.null:
             from fear_assets.simulation import validation
@@ -583,6 +588,56 @@ def rescore(args) -> int:
               f"{[round(z, 2) for z in v['max_z_per_dataset']]}, label flips {v['label_flips']}, "
               f"{v['verdict']['status']}", flush=True)
     print(f"rescore blocks={len(res['blocks'])} json={written(res, args.json)}")
+    return 0
+
+
+def verdict(args) -> int:
+    """Item 3(a) at registered size over every registered scenario (``settings.power.scenarios``):
+    one ``rescore`` JSON per scenario, joined (``validation.verdict_across_scenarios``) into the
+    record a host's ``power_sampler.validation`` names. ``sampler_path.validation_status`` reads
+    its ``sampler`` and ``passed``, so it vouches for exactly the sampler the scenarios were fitted
+    with, and only once all of them passed on 64 datasets each. JSON to ``--json``."""
+    sys.path.insert(0, str(ROOT))
+    from fear_assets.core.settings import load_settings
+    from fear_assets.simulation import validation
+
+    records, files = {}, {}
+    for f in args.rescored:
+        path = Path(f)
+        v = (json.loads(path.read_text()).get("blocks") or {}).get(args.block)
+        if v is None:
+            raise SystemExit(f"--rescored {path}: no {args.block} block in it; rescore that block's saved draws")
+        lacking = [k for k in ("scenario", "settings_sha256", "frames", "depths", "sampler") if v.get(k) is None]
+        if lacking:
+            raise SystemExit(f"--rescored {path}: its {args.block} record lacks {lacking} (written before they were "
+                             "recorded, or of runs that saved no sampler): run rescore again")
+        if v["scenario"] in records:
+            raise SystemExit(f"--rescored: scenario {v['scenario']!r} twice ({files[v['scenario']]['file']} and "
+                             f"{path}); give each scenario's rescore once")
+        records[v["scenario"]] = v
+        files[v["scenario"]] = {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    designs = {s: (v["frames"], v["depths"]) for s, v in records.items()}
+    if len(set(designs.values())) > 1:
+        raise SystemExit(f"--rescored: the scenarios were simulated at other designs (frames, depths) {designs}; "
+                         "export every scenario at one")
+    try:
+        out = validation.verdict_across_scenarios(records, load_settings().power.scenarios, DATASETS_PER_SCENARIO,
+                                                  SBC_VOUCHED_FIELDS)
+    except ValueError as e:
+        raise SystemExit(f"--rescored: {e}") from None
+    frames, depths = next(iter(designs.values()))
+    res = {"what": "item 3(a) at registered size over every registered scenario; benchmarks/power_gpu_blocks.py "
+                   "verdict (a host's power_sampler.validation may name it)",
+           "block": args.block, "sampler": out["sampler"], "passed": out["passed"],
+           "verdict": {k: out[k] for k in ("status", "passed", "reasons")},
+           "datasets": min((s["datasets"] for s in out["scenarios"].values()), default=0),
+           "datasets_needed_per_scenario": DATASETS_PER_SCENARIO, "frames": frames, "depths": depths,
+           "settings_sha256": out["settings_sha256"], "scenarios": out["scenarios"], "rescored": files}
+    for s, x in out["scenarios"].items():
+        print(f"{s}: {x['status']} on {x['datasets']} datasets, max |z| {x['max_z']:.2f} (bound {x['z_bound']:.2f}), "
+              f"label flips {x['label_flips']}", flush=True)
+    print(f"verdict {out['status']}" + (f" ({'; '.join(out['reasons'])})" if out["reasons"] else "")
+          + f" passed={out['passed']} json={written(res, args.json)}")
     return 0
 
 
@@ -1023,9 +1078,14 @@ def main() -> int:
     w.add_argument("--artefacts", default=str(ART))
     w.add_argument("--draws", required=True, nargs="+", help="one folder per run (run --save-draws), two or more")
     w.add_argument("--json", required=True)
+    j = sub.add_parser("verdict", help="item 3(a) at registered size over every registered scenario, from one "
+                       "rescore JSON each: the record a host's power_sampler.validation names")
+    j.add_argument("--rescored", required=True, nargs="+", help="rescore JSONs, one per registered scenario")
+    j.add_argument("--block", default="primary")
+    j.add_argument("--json", required=True)
     args = p.parse_args()
     return {"export": export, "subset": subset, "run": run, "references": references, "null": null,
-            "rescore": rescore, "spread": spread}[args.cmd](args)
+            "rescore": rescore, "spread": spread, "verdict": verdict}[args.cmd](args)
 
 
 if __name__ == "__main__":

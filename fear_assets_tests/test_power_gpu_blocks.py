@@ -8,15 +8,19 @@ Slow (about 10 PyTensor-to-JAX exports, nutpie references and JAX compilations):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from fear_assets.core.settings import PROJECT_ROOT
+from fear_assets.simulation import validation
+from fear_assets.simulation.sampler_path import VALIDATED_FIELDS, validation_status
 from fear_assets.simulation.vectorised import POOLED_LENGTH_MIN_CHAINS
 
 SCRIPT = PROJECT_ROOT / "benchmarks" / "power_gpu_blocks.py"
@@ -399,3 +403,57 @@ def test_an_sbc_completes_a_comparison_only_for_the_same_sampler_and_settings(tm
     h, _, numbers, _ = mod.saved_runs([tmp_path / "d", tmp_path / "a"], "primary", ["H1"])
     assert numbers.tolist() == [0, 1, 4, 5] and [x.shape for x in h["H1"]] == [(4, 5), (4, 5), (4, 6), (4, 3)]
     assert not any(np.isnan(x).any() for x in h["H1"])
+
+
+def test_a_sampler_passes_at_registered_size_only_where_every_registered_scenario_passed_on_64_datasets(
+        tmp_path, settings):
+    """Item 3(a): "on at least 64 datasets per scenario". The record a host's
+    power_sampler.validation names (``verdict``) passes only where every registered scenario
+    passed on 64 datasets, all fitted by one sampler under one set of registered settings; the
+    host's check then vouches for exactly that sampler and no other."""
+    mod = _blocks_script()
+    sampler = {"algorithm": "adaptive_hmc_dense_pooled", "chains": 4, "warmup": 400, "draws": 500,
+               "target_accept": 0.9}
+    made = iter(range(100))
+
+    def rescored(scenario, datasets=64, parts=(True, 0, 0, True), **changed):
+        """A scenario's rescore JSON, its verdict from ``parts`` (``validation.verdict``)."""
+        rec = {"scenario": scenario, "datasets": datasets, "max_z": 3.1, "z_bound": validation.z_bound(datasets * 12),
+               "label_flips": 0, "verdict": validation.verdict(*parts), "sampler": sampler,
+               "settings_sha256": settings.sha256, "frames": 50, "depths": 8, **changed}
+        path = tmp_path / f"rescored-{next(made)}.json"
+        path.write_text(json.dumps({"blocks": {"primary": rec}}))
+        return str(path)
+
+    def joined(*files):
+        out = tmp_path / "verdict.json"
+        mod.verdict(argparse.Namespace(rescored=list(files), block="primary", json=str(out)))
+        return json.loads(out.read_text())
+
+    assert set(settings.power.scenarios) == {"meaningful", "null", "sesoi"}
+    ran = SimpleNamespace(**{k: sampler[k] for k in VALIDATED_FIELDS})
+    every = joined(*(rescored(s) for s in settings.power.scenarios))
+    assert every["passed"] is True and every["verdict"] == {"status": "passed", "passed": True, "reasons": []}
+    assert every["datasets"] == 64 and set(every["scenarios"]) == set(settings.power.scenarios)
+    assert validation_status(every, ran).status == "passed"
+    # the sampler registered today is not the one that ran: the record vouches for nothing there
+    assert validation_status(every, settings.simulation_sampler).status == "other_sampler"
+    # a scenario passed on 48 datasets is short of item 3(a), not passed
+    short = joined(rescored("meaningful", datasets=48), rescored("null"), rescored("sesoi"))
+    assert short["verdict"]["status"] == "incomplete" and short["passed"] is False and short["datasets"] == 48
+    assert short["verdict"]["reasons"] == ["meaningful: 48 of the 64 datasets a scenario needs"]
+    assert validation_status(short, ran).status == "failed"
+    assert joined(rescored("meaningful"), rescored("null"))["verdict"]["reasons"] == ["sesoi: not scored"]
+    # a scenario whose comparison failed fails the whole, whatever else is short
+    failed = joined(rescored("meaningful", datasets=48), rescored("null", parts=(False, 0, 0, True)), rescored("sesoi"))
+    assert failed["verdict"]["status"] == "failed"
+    assert failed["verdict"]["reasons"][0].startswith("null: the comparison with the reference")
+    # refused, naming why: other samplers, settings or designs; a scenario twice; a record written before
+    # it named its design
+    for files, says in (([rescored("meaningful"), rescored("null", sampler={**sampler, "warmup": 200})], "other samplers"),
+                        ([rescored("meaningful"), rescored("null", settings_sha256="b" * 64)], "other registered settings"),
+                        ([rescored("meaningful"), rescored("null", frames=40)], "other designs"),
+                        ([rescored("null"), rescored("null")], "'null' twice"),
+                        ([rescored("null", frames=None)], r"lacks \['frames'\]")):
+        with pytest.raises(SystemExit, match=says):
+            joined(*files)

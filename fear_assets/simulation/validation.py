@@ -15,7 +15,9 @@ the number of comparisons m makes 3 a likely false alarm (m >= 4: z_crit = Phi^-
 of a decision boundary (0, +-ROPE); any other flip fails. SBC: ranks of each quantity's prior
 draw among its (thinned) posterior draws, uniform under a calibrated sampler (chi-square).
 ``verdict`` joins the parts: a candidate passes only where every part ran and passed and every
-comparison rests on a reference that itself meets the convergence rule.
+comparison rests on a reference that itself meets the convergence rule;
+``verdict_across_scenarios`` passes a sampler at registered size only where every registered
+scenario passed on its 64 datasets.
 """
 
 from __future__ import annotations
@@ -226,3 +228,46 @@ def verdict(comparison_passed: bool, candidate_failing: int, reference_failing: 
         missing.append(f"{reference_failing} reference run(s) miss the convergence rule: their comparisons prove nothing")
     status = "failed" if failed else "incomplete" if missing else "passed"
     return {"status": status, "passed": status == "passed", "reasons": failed + missing}
+
+
+def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence[str], datasets_needed: int,
+                             sampler_fields: Sequence[str]) -> dict:
+    """Item 3(a) at registered size for the registered sampler's change: "on at least 64
+    datasets per scenario". ``records`` maps a scenario to its block's scored record (``verdict``,
+    ``datasets``, ``sampler``, ``settings_sha256``; ``power_gpu_blocks.py rescore`` writes them);
+    ``scenarios``: the registered ones (``settings.power.scenarios``). "passed" only where every
+    registered scenario was scored, on at least ``datasets_needed`` datasets, and passed; "failed"
+    where a scored scenario failed, whatever else is missing; else "incomplete", naming each
+    scenario short of a pass. A pass vouches for one sampler under one set of registered settings,
+    so records of other samplers (``sampler_fields``) or settings, or of an unregistered scenario,
+    are an error naming them. Returns ``status``, ``passed``, ``reasons``, the common ``sampler``
+    and each scenario's figures."""
+    unregistered = sorted(set(records) - set(scenarios))
+    if unregistered:
+        raise ValueError(f"scenario(s) {unregistered} are not registered (power.scenarios: {list(scenarios)})")
+    ran = {s: {k: (r.get("sampler") or {}).get(k) for k in sampler_fields} for s, r in records.items()}
+    if any(x != next(iter(ran.values())) for x in ran.values()):
+        raise ValueError(f"the scenarios were fitted by other samplers ({ran}); fit every scenario with one")
+    hashes = {s: r.get("settings_sha256") for s, r in records.items()}
+    if len(set(hashes.values())) > 1:
+        raise ValueError(f"the scenarios were exported under other registered settings ({hashes}); export and fit "
+                         "every scenario under one")
+    failed, missing, per = [], [], {}
+    for s in scenarios:
+        r = records.get(s)
+        if r is None:
+            missing.append(f"{s}: not scored")
+            continue
+        v, n = r["verdict"], int(r["datasets"])
+        per[s] = {"status": v["status"], "datasets": n, "max_z": float(r["max_z"]), "z_bound": float(r["z_bound"]),
+                  "label_flips": int(r["label_flips"]), "reasons": list(v["reasons"])}
+        if v["status"] == "failed":
+            failed.append(f"{s}: " + "; ".join(v["reasons"]))
+        elif v["status"] != "passed":
+            missing.append(f"{s}: " + "; ".join(v["reasons"]))
+        if n < datasets_needed:
+            missing.append(f"{s}: {n} of the {datasets_needed} datasets a scenario needs")
+    status = "failed" if failed else "incomplete" if missing else "passed"
+    sampler = dict(next(iter(records.values())).get("sampler") or {}) if records else {}
+    return {"status": status, "passed": status == "passed", "reasons": failed + missing, "sampler": sampler,
+            "settings_sha256": next(iter(hashes.values()), None), "scenarios": per}
