@@ -293,6 +293,18 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert judged["sbc"]["passed"] and judged["sampler"]["warmup"] == 20
     assert "SBC not run" in union["verdict"]["reasons"] and "SBC not run" not in judged["verdict"]["reasons"]
     assert judged["rows"] == union["rows"]
+    # verdict: this one scenario's record, short of 64 datasets, the other registered scenarios not scored
+    assert judged["settings_sha256"] == settings.sha256 and (judged["frames"], judged["depths"]) == (5, 1)
+    joined = subprocess.run([sys.executable, str(SCRIPT), "verdict", "--rescored", str(tmp_path / "with_sbc.json"),
+                             "--json", str(tmp_path / "verdict.json")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    record = json.loads((tmp_path / "verdict.json").read_text())
+    assert record["passed"] is False and record["sampler"] == judged["sampler"] and record["frames"] == 5
+    assert record["scenarios"]["meaningful"]["datasets"] == 2
+    assert record["verdict"]["reasons"][-3:] == ["meaningful: 2 of the 64 datasets a scenario needs",
+                                                 "null: not scored", "sesoi: not scored"]
+    assert validation_status(record, SimpleNamespace(**{k: ran[k] for k in VALIDATED_FIELDS})).status == "failed"
 
     # null: the registered sampler itself against the references, scored by the same rule
     nulled = subprocess.run([sys.executable, str(SCRIPT), "null", "--artefacts", str(art), "--runs", "1",
