@@ -616,22 +616,17 @@ def verdict(args) -> int:
                              f"{path}); give each scenario's rescore once")
         records[v["scenario"]] = v
         files[v["scenario"]] = {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    designs = {s: (v["frames"], v["depths"]) for s, v in records.items()}
-    if len(set(designs.values())) > 1:
-        raise SystemExit(f"--rescored: the scenarios were simulated at other designs (frames, depths) {designs}; "
-                         "export every scenario at one")
     try:
         out = validation.verdict_across_scenarios(records, load_settings().power.scenarios, DATASETS_PER_SCENARIO,
                                                   SBC_VOUCHED_FIELDS)
     except ValueError as e:
         raise SystemExit(f"--rescored: {e}") from None
-    frames, depths = next(iter(designs.values()))
     res = {"what": "item 3(a) at registered size over every registered scenario; benchmarks/power_gpu_blocks.py "
                    "verdict (a host's power_sampler.validation may name it)",
            "block": args.block, "sampler": out["sampler"], "passed": out["passed"],
            "verdict": {k: out[k] for k in ("status", "passed", "reasons")},
            "datasets": min((s["datasets"] for s in out["scenarios"].values()), default=0),
-           "datasets_needed_per_scenario": DATASETS_PER_SCENARIO, "frames": frames, "depths": depths,
+           "datasets_needed_per_scenario": DATASETS_PER_SCENARIO, "frames": out["frames"], "depths": out["depths"],
            "settings_sha256": out["settings_sha256"], "scenarios": out["scenarios"], "rescored": files}
     for s, x in out["scenarios"].items():
         print(f"{s}: {x['status']} on {x['datasets']} datasets, max |z| {x['max_z']:.2f} (bound {x['z_bound']:.2f}), "

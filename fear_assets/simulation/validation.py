@@ -239,9 +239,9 @@ def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence
     registered scenario was scored, on at least ``datasets_needed`` datasets, and passed; "failed"
     where a scored scenario failed, whatever else is missing; else "incomplete", naming each
     scenario short of a pass. A pass vouches for one sampler under one set of registered settings,
-    so records of other samplers (``sampler_fields``) or settings, or of an unregistered scenario,
-    are an error naming them. Returns ``status``, ``passed``, ``reasons``, the common ``sampler``
-    and each scenario's figures."""
+    so records of other samplers (``sampler_fields``), settings or designs (``frames``, ``depths``),
+    or of an unregistered scenario, are an error naming them. Returns ``status``, ``passed``,
+    ``reasons``, the common ``sampler``, settings hash and design, and each scenario's figures."""
     unregistered = sorted(set(records) - set(scenarios))
     if unregistered:
         raise ValueError(f"scenario(s) {unregistered} are not registered (power.scenarios: {list(scenarios)})")
@@ -252,6 +252,10 @@ def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence
     if len(set(hashes.values())) > 1:
         raise ValueError(f"the scenarios were exported under other registered settings ({hashes}); export and fit "
                          "every scenario under one")
+    designs = {s: (r.get("frames"), r.get("depths")) for s, r in records.items()}
+    if len(set(designs.values())) > 1:
+        raise ValueError(f"the scenarios were simulated at other designs (frames, depths) {designs}; export every "
+                         "scenario at one")
     failed, missing, per = [], [], {}
     for s in scenarios:
         r = records.get(s)
@@ -269,5 +273,7 @@ def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence
             missing.append(f"{s}: {n} of the {datasets_needed} datasets a scenario needs")
     status = "failed" if failed else "incomplete" if missing else "passed"
     sampler = dict(next(iter(records.values())).get("sampler") or {}) if records else {}
+    frames, depths = next(iter(designs.values()), (None, None))
     return {"status": status, "passed": status == "passed", "reasons": failed + missing, "sampler": sampler,
-            "settings_sha256": next(iter(hashes.values()), None), "scenarios": per}
+            "settings_sha256": next(iter(hashes.values()), None), "frames": frames, "depths": depths,
+            "scenarios": per}
