@@ -604,7 +604,8 @@ def verdict(args) -> int:
     records, files = {}, {}
     for f in args.rescored:
         path = Path(f)
-        v = (json.loads(path.read_text()).get("blocks") or {}).get(args.block)
+        raw = path.read_bytes()  # read once: parsed here, hashed below
+        v = (json.loads(raw).get("blocks") or {}).get(args.block)
         if v is None:
             raise SystemExit(f"--rescored {path}: no {args.block} block in it; rescore that block's saved draws")
         lacking = [k for k in ("scenario", "settings_sha256", "frames", "depths", "sampler") if v.get(k) is None]
@@ -615,7 +616,7 @@ def verdict(args) -> int:
             raise SystemExit(f"--rescored: scenario {v['scenario']!r} twice ({files[v['scenario']]['file']} and "
                              f"{path}); give each scenario's rescore once")
         records[v["scenario"]] = v
-        files[v["scenario"]] = {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        files[v["scenario"]] = {"file": str(path), "sha256": hashlib.sha256(raw).hexdigest()}
     try:
         out = validation.verdict_across_scenarios(records, load_settings().power.scenarios, DATASETS_PER_SCENARIO,
                                                   SBC_VOUCHED_FIELDS)
