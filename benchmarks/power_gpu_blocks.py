@@ -482,6 +482,8 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
     datasets' numbers in the export (in the order of the numbers) and the runs' sampler settings
     (None where a run saved none: saved before they were recorded); None where no run saved the
     block. A dataset saved twice, or runs of different samplers, is an error (which would count?)."""
+    from fear_assets.simulation import validation  # the caller put the project on the path
+
     parts = []
     for folder in folders:
         path = Path(folder) / f"{block}.npz"
@@ -501,7 +503,7 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
         sampler = None
     else:
         sampler = samplers[0]
-        differ = samplers_differing([str(p) for p, _, _ in parts], samplers)
+        differ = validation.samplers_differing([str(p) for p, _, _ in parts], samplers, SBC_VOUCHED_FIELDS)
         if differ:
             raise SystemExit(f"--draws: runs of block {block} with other samplers than {parts[0][0]}'s "
                              f"({sampler}): {differ}; score each sampler's runs on their own")
@@ -515,13 +517,6 @@ def saved_runs(folders, block: str, contrasts) -> tuple[dict, np.ndarray, np.nda
     h = {n: [x[i] for i in order] for n, x in h.items()}
     failing = np.concatenate([np.asarray(d["failing"], dtype=bool) for _, d, _ in parts])[order]
     return h, failing, numbers[order], sampler
-
-
-def samplers_differing(names: list[str], samplers: list[dict]) -> list[str]:
-    """"name: sampler" of each run whose sampler settings (``SBC_VOUCHED_FIELDS``) are not the
-    first run's: runs scored or compared together must be of one sampler."""
-    return [f"{n}: {x}" for n, x in zip(names, samplers)
-            if any(x.get(k) != samplers[0].get(k) for k in SBC_VOUCHED_FIELDS)]
 
 
 def sbc_of(path: Path, sampler: dict | None, top: dict) -> dict:
@@ -697,7 +692,7 @@ def spread(args) -> int:
                              f"the same datasets")
         samplers = [r[3] or {} for r in runs]
         offsets = [int(x.get("seed_offset", 0)) for x in samplers]
-        differ = samplers_differing([str(f) for f in folders], samplers)
+        differ = validation.samplers_differing([str(f) for f in folders], samplers, SBC_VOUCHED_FIELDS)
         if differ or len(set(offsets)) < len(offsets):
             raise SystemExit(f"--draws: give runs of one sampler with distinct --seed-offset (offsets {offsets}; "
                              f"other samplers than {folders[0]}'s: {differ})")
@@ -775,6 +770,16 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
     return record
 
 
+def run_fingerprint(exported: bytes, Y: np.ndarray, **options) -> str:
+    """What makes a run's chains its own: the exported log density, the datasets' outcomes as
+    fitted, and every option that seeds or shapes the chains (not the draws wanted: a resumed
+    run may ask for more). A checkpoint is continued only under the same fingerprint."""
+    h = hashlib.sha256(exported)
+    h.update(np.ascontiguousarray(Y, dtype=np.float64).tobytes())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def past_deadline(need_s: float, deadline: float) -> str | None:
     """Why a step projected at ``need_s`` seconds is not started (None: it fits before ``deadline``)."""
     left = deadline - time.perf_counter()
@@ -823,6 +828,9 @@ def run(args) -> int:
         res["imported_heavy_modules"] = sorted(m for m in HEAVY if m in sys.modules)
         path.write_text(json.dumps(res, indent=1, default=float) + "\n")
 
+    if args.resume and args.save_draws and Path(args.resume).resolve() == Path(args.save_draws).resolve():
+        raise SystemExit(f"--resume {args.resume} is the --save-draws folder: rescore reads every .npz there as a "
+                         f"run's draws; give the checkpoints a folder of their own")
     blocks = args.blocks or top["blocks"]
     per_row_s = None  # seconds per (dataset x row) of the last block fitted: the next block's projection
     for block in blocks:
@@ -846,7 +854,8 @@ def run(args) -> int:
                 save()
                 continue
         t = time.perf_counter()
-        ld = vec.exported_logdensity(gzip.decompress((d / pg.EXPORT_FILE).read_bytes()))
+        exported = (d / pg.EXPORT_FILE).read_bytes()
+        ld = vec.exported_logdensity(gzip.decompress(exported))
         sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=arr["dense_idx"] if opts["dense"] else None,
                                          shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
@@ -857,17 +866,45 @@ def run(args) -> int:
         # every dataset: float64_outcomes)
         exact = int((numbers < len(arr["Y_validate"])).sum())
         Y[:exact] = arr["Y_validate"][F:F + exact]
+        # --resume: the chains as a stopped process of this very run left them (its checkpoint after the
+        # warm-up and after each chunk), so a session's or lease's end loses at most one chunk
+        checkpoint = Path(args.resume) / f"{block}.fit.npz" if args.resume else None
+        fingerprint = run_fingerprint(exported, Y, block=block, first_dataset=F, datasets=K, chains=chains,
+                                      seed=seed, warmup=warmup, first_draws=args.chunk_draws or draws,
+                                      algorithm=args.algorithm, target_accept=args.target_accept,
+                                      platform=devices[0].platform, settings_sha256=top["settings_sha256"])
+        try:
+            fit = vec.load_fit(checkpoint, fingerprint) if checkpoint else None
+        except ValueError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        tm: dict = {}
+        if fit is not None:
+            if fit["kept"].shape[2] > draws:
+                raise SystemExit(f"--resume: {checkpoint} holds {fit['kept'].shape[2]} draws per chain, more than "
+                                 f"--draws {draws}: ask for at least as many, or name another --resume folder")
+            tm = dict(fit["meta"])
+            res.setdefault("resumed", {})[block] = {"draws": int(fit["kept"].shape[2]), "checkpoint": str(checkpoint),
+                                                    "run_s_before": tm["run_s"]}
+            print(f"[{time.perf_counter() - t_start:.0f} s] {block}: resumed at {fit['kept'].shape[2]} draws "
+                  f"from {checkpoint}", flush=True)
+
+        def keep(fit):
+            if checkpoint:
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                vec.save_fit(fit, checkpoint, fingerprint, meta=tm)  # the seconds so far: a resumed run_s adds them
+
         # a killed run (a lease's timeout) still says what it was doing and since when
         res["in_progress"] = {"block": block, "datasets": K, "since_elapsed_s": time.perf_counter() - t_start,
                               "what": f"warm-up {warmup} + first {args.chunk_draws or draws} draws, one program"}
-        save()
-        tm: dict = {}
-        fit = sampler.fit_kept(Y, start, seed + 1, warmup, args.chunk_draws or draws, timings=tm)
+        if fit is None:
+            save()
+            fit = sampler.fit_kept(Y, start, seed + 1, warmup, args.chunk_draws or draws, timings=tm)
+            keep(fit)
         draws_cut = None
         # --chunk-draws: the registered draws in chunks continuing the frozen kernels (the chains are the same
         # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept.
-        # A chunk's seconds: the last chunk's, or the first program's share (its warm-up runs as long).
-        chunk_s = tm["run_s"] * args.chunk_draws / (warmup + args.chunk_draws) if args.chunk_draws else 0.0
+        # A chunk's seconds: the last chunk's, or its share of the seconds so far (a warm-up step costs a draw's).
+        chunk_s = tm["run_s"] * args.chunk_draws / (warmup + fit["kept"].shape[2]) if args.chunk_draws else 0.0
         while (made := int(fit["kept"].shape[2])) < draws:
             n = min(args.chunk_draws, draws - made)
             why = past_deadline(chunk_s * n / args.chunk_draws, deadline)
@@ -880,6 +917,7 @@ def run(args) -> int:
             fit = sampler.extend(Y, fit, seed + 1000 + made, n, timings=tc)
             tm["run_s"], tm["compile_s"] = tm["run_s"] + tc["run_s"], tm["compile_s"] + tc["compile_s"]
             chunk_s = tc["run_s"]
+            keep(fit)
         contrast_draws = contrasts_of(arr["contrast_W"], arr["contrast_c"], m["contrasts"])
 
         # the remedy as power_simulation's accelerator path runs it (vectorised.extend_missing): only the
@@ -1028,6 +1066,8 @@ def main() -> int:
     r.add_argument("--chunk-draws", type=int, default=0,
                    help="draw in chunks of N after the warm-up, stopping between chunks at the deadline (0: one program)")
     r.add_argument("--save-draws", help="a folder: each block's contrast draws per chain and adapted kernels (.npz)")
+    r.add_argument("--resume", help="a folder for each block's checkpoint (after the warm-up and every chunk): a "
+                        "stopped run started again with the same options continues its chains where they stopped")
     r.add_argument("--json", default="power_gpu_blocks.json", help="result file name under $OUT (or benchmarks/results)")
     c = sub.add_parser("subset", help="a copy of an export with fewer blocks or datasets, for a lease's 64 MiB")
     c.add_argument("--artefacts", default=str(ART))

@@ -314,6 +314,38 @@ def test_an_extension_keeps_the_dense_block(dense_and_diagonal):
         assert abs(np.corrcoef(tail[..., 0].ravel(), tail[..., 2].ravel())[0, 1] - _RHO) < 0.03
 
 
+def test_a_fit_stopped_between_chunks_resumes_with_the_draws_an_unbroken_run_makes(dense_and_diagonal, tmp_path):
+    """A long run killed between chunks of draws (a session's or lease's end) continues in
+    another process from its checkpoint: the same chains, kernels and draws as had it never
+    stopped, to the byte; a checkpoint of another run is refused, not continued."""
+    from fear_assets.simulation.vectorised import BatchedAdaptiveHMC, load_fit, save_fit
+
+    _, fit = dense_and_diagonal["dense"]
+    path = tmp_path / "primary.fit.npz"
+    assert load_fit(path, "run-a") is None  # nothing saved: the run starts afresh
+    save_fit(fit, path, "run-a")
+    # another process: a new sampler (its programs compiled anew) from the saved fit alone
+    fresh = BatchedAdaptiveHMC(_correlated, G + U, np.zeros(G + U), target_accept=0.8, dense_idx=np.arange(G))
+    resumed = fresh.extend(Y_CORR, load_fit(path, "run-a"), seed=6, draws=200)
+    unbroken = dense_and_diagonal["extended"]
+    for k in ("kept", "divergences", "gradients", "positions"):
+        assert resumed[k].tobytes() == unbroken[k].tobytes(), k
+    np.testing.assert_array_equal(resumed["adapted"].dense_chol, fit["adapted"].dense_chol)
+    # a diagonal kernel's checkpoint has no dense block, and loads as one without it
+    _, diagonal = dense_and_diagonal["diagonal"]
+    save_fit(diagonal, tmp_path / "diagonal.npz", "run-b")
+    assert load_fit(tmp_path / "diagonal.npz", "run-b")["adapted"].dense_chol is None
+    with pytest.raises(ValueError, match="primary.fit.npz: a checkpoint of another run"):
+        load_fit(path, "run-b")
+    # a write killed mid-way (its half file written aside) leaves the previous checkpoint whole,
+    # and the next write replaces both
+    (tmp_path / "primary.fit.npz.part").write_bytes(b"PK\x03\x04 cut short")
+    assert load_fit(path, "run-a")["kept"].tobytes() == fit["kept"].tobytes()
+    save_fit(resumed, path, "run-a")
+    assert not list(tmp_path.glob("*.part"))
+    assert load_fit(path, "run-a")["kept"].shape == (2, 4, 700, G + U)
+
+
 def test_the_block_metric_is_the_block_diagonal_matrix():
     import jax
     import jax.numpy as jnp

@@ -101,7 +101,7 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     # skipped and named, not started
     short = subprocess.run([sys.executable, str(SCRIPT), "run", "--artefacts", str(art), "--platform", "cpu",
                             "--warmup", "30", "--draws", "30", "--chunk-draws", "10", "--extensions", "2",
-                            "--max-seconds", "0.5",
+                            "--max-seconds", "0.5", "--resume", str(tmp_path / "checkpoint"),
                             "--json", "short.json", "--save-draws", str(tmp_path / "short_draws")],
                            cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
     assert short.returncode == 0, short.stderr[-3000:]
@@ -114,6 +114,27 @@ def test_every_block_runs_on_the_device_path_without_pymc_and_reports_its_verdic
     assert "in_progress" not in cut  # finished blocks leave no marker
     # its saved draws record the draws made, so an SBC of the 30-draw sampler does not vouch for them
     assert json.loads(str(np.load(tmp_path / "short_draws" / "primary.npz")["sampler"]))["draws"] == 10
+    # the stopped run started again (--resume): its chains continue from the checkpoint the cut left, and
+    # its draws are, to the byte, those of a run that never stopped; another run's checkpoint is refused
+    common = ["run", "--artefacts", str(art), "--platform", "cpu", "--blocks", "primary", "--warmup", "30", "--draws",
+              "30", "--chunk-draws", "10", "--extensions", "0", "--max-seconds", "600"]
+    resumed = subprocess.run([sys.executable, str(SCRIPT), *common, "--resume", str(tmp_path / "checkpoint"),
+                              "--json", "resumed.json", "--save-draws", str(tmp_path / "resumed_draws")],
+                             cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "resumed.json").read_text())["resumed"]["primary"]["draws"] == 10
+    unbroken = subprocess.run([sys.executable, str(SCRIPT), *common, "--json", "unbroken.json",
+                               "--save-draws", str(tmp_path / "unbroken_draws")],
+                              cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    again = np.load(tmp_path / "resumed_draws" / "primary.npz")
+    whole = np.load(tmp_path / "unbroken_draws" / "primary.npz")
+    for name in first["contrasts"] + ["divergences", "step_size", "trajectory_length"]:
+        assert again[name].shape == whole[name].shape and again[name].tobytes() == whole[name].tobytes(), name
+    other_seed = subprocess.run([sys.executable, str(SCRIPT), *common, "--seed-offset", "1", "--resume",
+                                 str(tmp_path / "checkpoint"), "--json", "other.json"],
+                                cwd=tmp_path, env=device_env, capture_output=True, text=True, timeout=900)
+    assert other_seed.returncode != 0 and "checkpoint of another run" in other_seed.stderr
 
     # subset: what a lease carries, blocks cut to fewer datasets but never fewer than their references compare
     lease = tmp_path / "lease"

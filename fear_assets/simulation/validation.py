@@ -230,6 +230,13 @@ def verdict(comparison_passed: bool, candidate_failing: int, reference_failing: 
     return {"status": status, "passed": status == "passed", "reasons": failed + missing}
 
 
+def samplers_differing(names: Sequence[str], samplers: Sequence[Mapping], fields: Sequence[str]) -> list[str]:
+    """"name: sampler" of each run whose sampler settings (``fields``) are not the first run's:
+    runs scored or vouched for together must be of one sampler. Empty where they are."""
+    first = samplers[0] if samplers else {}
+    return [f"{n}: {dict(x)}" for n, x in zip(names, samplers) if any(x.get(k) != first.get(k) for k in fields)]
+
+
 def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence[str], datasets_needed: int,
                              sampler_fields: Sequence[str]) -> dict:
     """Item 3(a) at registered size for the registered sampler's change: "on at least 64
@@ -246,7 +253,7 @@ def verdict_across_scenarios(records: Mapping[str, Mapping], scenarios: Sequence
     if unregistered:
         raise ValueError(f"scenario(s) {unregistered} are not registered (power.scenarios: {list(scenarios)})")
     ran = {s: {k: (r.get("sampler") or {}).get(k) for k in sampler_fields} for s, r in records.items()}
-    if any(x != next(iter(ran.values())) for x in ran.values()):
+    if samplers_differing(list(ran), list(ran.values()), sampler_fields):
         raise ValueError(f"the scenarios were fitted by other samplers ({ran}); fit every scenario with one")
     hashes = {s: r.get("settings_sha256") for s, r in records.items()}
     if len(set(hashes.values())) > 1:

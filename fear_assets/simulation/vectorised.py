@@ -27,8 +27,10 @@ model, and they import PyMC inside.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -1037,6 +1039,10 @@ class BatchedAdaptiveHMC(BatchedChEES):
                 "positions": np.asarray(last, dtype=float)}
 
 
+#: The per-dataset arrays of an adaptive fit (``BatchedAdaptiveHMC.fit_kept`` / ``extend``).
+FIT_ARRAYS = ("kept", "divergences", "gradients", "acceptance", "warmup_divergences", "positions")
+
+
 def fit_of_datasets(fit: dict, rows) -> dict:
     """The part of an adaptive fit (``BatchedAdaptiveHMC.fit_kept`` or ``extend``) that belongs
     to the datasets at ``rows``: every per-dataset array and each dataset's adapted kernel, so
@@ -1044,10 +1050,52 @@ def fit_of_datasets(fit: dict, rows) -> dict:
     failing datasets, not the datasets that already meet the rule)."""
     rows = np.asarray(rows, dtype=np.int64)
     ad = fit["adapted"]
-    per_dataset = ("kept", "divergences", "gradients", "acceptance", "warmup_divergences", "positions")
-    return {**fit, **{k: np.asarray(fit[k])[rows] for k in per_dataset if k in fit},
+    return {**fit, **{k: np.asarray(fit[k])[rows] for k in FIT_ARRAYS if k in fit},
             "adapted": AdaptedHMC(ad.step_size[rows], ad.trajectory_length[rows], ad.inverse_mass_matrix[rows],
                                   ad.dense_idx, None if ad.dense_chol is None else ad.dense_chol[rows])}
+
+
+def save_fit(fit: dict, path, fingerprint: str, meta: dict | None = None) -> None:
+    """Write an adaptive fit (``fit_kept``'s or ``extend``'s result) to ``path`` (.npz) with the
+    ``fingerprint`` of what produced it, so a process stopped between chunks of draws resumes
+    where it stopped (``load_fit``): ``extend`` continues every chain from its saved position
+    with its saved kernel, so the resumed draws are the draws an unbroken run makes. ``meta``
+    (JSON: the seconds spent so far) comes back as the loaded fit's ``"meta"``. Written to a
+    temporary file and renamed: a kill mid-write leaves the previous checkpoint whole."""
+    path = Path(path)
+    ad = fit["adapted"]
+    arrays = {k: np.asarray(fit[k]) for k in FIT_ARRAYS if k in fit}
+    arrays.update({"adapted_step_size": ad.step_size, "adapted_trajectory_length": ad.trajectory_length,
+                   "adapted_inverse_mass_matrix": ad.inverse_mass_matrix, "fingerprint": np.asarray(fingerprint),
+                   "meta": np.asarray(json.dumps(meta or {}, sort_keys=True))})
+    if ad.dense_chol is not None:
+        arrays.update(adapted_dense_idx=ad.dense_idx, adapted_dense_chol=ad.dense_chol)
+    part = path.with_name(path.name + ".part")
+    with open(part, "wb") as f:  # an open file: np.savez would add ".npz" to the temporary name
+        np.savez(f, **arrays)
+    part.replace(path)
+
+
+def load_fit(path, fingerprint: str) -> dict | None:
+    """The fit ``save_fit`` wrote at ``path``, or None where there is none. A checkpoint of
+    another run (another fingerprint: other datasets, seed, kernel options or export) is refused
+    with an error naming the file, never continued: its chains are not this run's."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with np.load(path) as z:
+        saved = str(z["fingerprint"])
+        if saved != fingerprint:
+            raise ValueError(f"{path}: a checkpoint of another run (fingerprint {saved[:12]}, this run's "
+                             f"{fingerprint[:12]}); delete it to start afresh, or resume with the run's own "
+                             f"options and export")
+        fit = {k: z[k] for k in FIT_ARRAYS if k in z.files}
+        dense = "adapted_dense_chol" in z.files
+        fit["adapted"] = AdaptedHMC(z["adapted_step_size"], z["adapted_trajectory_length"],
+                                    z["adapted_inverse_mass_matrix"], z["adapted_dense_idx"] if dense else None,
+                                    z["adapted_dense_chol"] if dense else None)
+        fit["meta"] = json.loads(str(z["meta"]))
+    return fit
 
 
 @dataclass
