@@ -900,6 +900,9 @@ def run(args) -> int:
             save()
             fit = sampler.fit_kept(Y, start, seed + 1, warmup, args.chunk_draws or draws, timings=tm)
             keep(fit)
+            print(f"[{time.perf_counter() - t_start:.0f} s] {block}: warm-up {warmup} + {fit['kept'].shape[2]} draws "
+                  f"of {K} dataset(s) in {tm['run_s']:.0f} s" + (f", checkpoint {checkpoint}" if checkpoint else ""),
+                  flush=True)
         draws_cut = None
         # --chunk-draws: the registered draws in chunks continuing the frozen kernels (the chains are the same
         # Markov chains), so a fit that would outrun the deadline stops between chunks with its draws kept.
@@ -918,6 +921,10 @@ def run(args) -> int:
             tm["run_s"], tm["compile_s"] = tm["run_s"] + tc["run_s"], tm["compile_s"] + tc["compile_s"]
             chunk_s = tc["run_s"]
             keep(fit)
+            left = draws - made - n
+            print(f"[{time.perf_counter() - t_start:.0f} s] {block}: {made + n} of {draws} draws, this chunk "
+                  f"{chunk_s:.0f} s" + (f", about {chunk_s * left / n:.0f} s to the last draw" if left else ""),
+                  flush=True)
         contrast_draws = contrasts_of(arr["contrast_W"], arr["contrast_c"], m["contrasts"])
 
         # the remedy as power_simulation's accelerator path runs it (vectorised.extend_missing): only the
