@@ -770,12 +770,16 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
     return record
 
 
-def run_fingerprint(exported: bytes, Y: np.ndarray, **options) -> str:
-    """What makes a run's chains its own: the exported log density, the datasets' outcomes as
-    fitted, and every option that seeds or shapes the chains (not the draws wanted: a resumed
-    run may ask for more). A checkpoint is continued only under the same fingerprint."""
+def run_fingerprint(exported: bytes, arrays: dict[str, np.ndarray], **options) -> str:
+    """What makes a run's chains its own: the exported log density, the arrays the chains are
+    built from (the datasets' outcomes as fitted, the start point, the kept and dense-block
+    parameters), and every option that seeds or shapes the chains (not the draws wanted: a
+    resumed run may ask for more). A checkpoint is continued only under the same fingerprint."""
     h = hashlib.sha256(exported)
-    h.update(np.ascontiguousarray(Y, dtype=np.float64).tobytes())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
     h.update(json.dumps(options, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -869,7 +873,8 @@ def run(args) -> int:
         # --resume: the chains as a stopped process of this very run left them (its checkpoint after the
         # warm-up and after each chunk), so a session's or lease's end loses at most one chunk
         checkpoint = Path(args.resume) / f"{block}.fit.npz" if args.resume else None
-        fingerprint = run_fingerprint(exported, Y, block=block, first_dataset=F, datasets=K, chains=chains,
+        built_from = {"Y": Y, "x0": arr["x0"], "keep_idx": arr["keep_idx"], "dense_idx": arr["dense_idx"]}
+        fingerprint = run_fingerprint(exported, built_from, block=block, first_dataset=F, datasets=K, chains=chains,
                                       seed=seed, warmup=warmup, first_draws=args.chunk_draws or draws,
                                       algorithm=args.algorithm, target_accept=args.target_accept,
                                       platform=devices[0].platform, settings_sha256=top["settings_sha256"])

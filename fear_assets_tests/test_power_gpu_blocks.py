@@ -393,6 +393,28 @@ def _blocks_script():
     return mod
 
 
+def test_a_checkpoint_is_continued_only_by_a_run_built_from_the_same_arrays_and_options():
+    """A resumed run continues chains a stopped process left; chains started from another point,
+    over other kept or dense-block parameters, or fitted to other outcomes are another run's, so
+    every array the chains are built from changes the run's fingerprint, as every option does."""
+    mod = _blocks_script()
+    rng = np.random.default_rng(7)
+    built = {"Y": rng.normal(size=(3, 40)), "x0": rng.normal(size=12), "keep_idx": np.arange(0, 12, 2),
+             "dense_idx": np.arange(4)}
+    options = {"block": "primary", "seed": 1, "warmup": 400}
+    base = mod.run_fingerprint(b"export", built, **options)
+    assert base == mod.run_fingerprint(b"export", {k: v.copy() for k, v in built.items()}, **options)
+    for name, a in built.items():
+        other = a.copy()
+        other.flat[0] = other.flat[0] + 1
+        assert mod.run_fingerprint(b"export", {**built, name: other}, **options) != base, name
+    # the same numbers split another way (a dense block over the first five, not four) is another run
+    assert mod.run_fingerprint(b"export", {**built, "dense_idx": np.arange(5)}, **options) != base
+    assert mod.run_fingerprint(b"export", {**built, "Y": built["Y"].reshape(4, 30)}, **options) != base
+    assert mod.run_fingerprint(b"export", built, **{**options, "seed": 2}) != base
+    assert mod.run_fingerprint(b"another export", built, **options) != base
+
+
 def test_an_sbc_completes_a_comparison_only_for_the_same_sampler_and_settings(tmp_path):
     """Item 3(b)'s SBC runs on a reduced design, the comparison at registered size: the SBC may
     complete the comparison's verdict only where both ran the same sampler under the same

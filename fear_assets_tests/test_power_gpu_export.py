@@ -216,6 +216,17 @@ def test_numpy_ess_and_rhat_equal_arviz():
         assert diagnostics.ess_bulk(x) == pytest.approx(az.ess(x, method="bulk"), rel=1e-9)
         assert diagnostics.ess_tail(x) == pytest.approx(az.ess(x, method="tail"), rel=1e-9)
         assert diagnostics.rhat(x) == pytest.approx(az.rhat(x), rel=1e-9)
+    # too short to estimate (a run cut at 2 or 3 draws per chain, or one chain for R-hat): NaN as in
+    # ArviZ, which no convergence rule passes, where the autocovariance once ran out of lags
+    for shape in ((4, 2), (4, 3), (1, 50)):
+        x = rng.normal(size=shape)
+        for ours, theirs in ((diagnostics.ess_bulk(x), az.ess(x, method="bulk")),
+                             (diagnostics.ess_tail(x), az.ess(x, method="tail")),
+                             (diagnostics.rhat(x), az.rhat(x))):
+            assert np.isnan(ours) == np.isnan(theirs), shape
+            assert np.isnan(ours) or ours == pytest.approx(theirs, rel=1e-9), shape
+    assert all(np.isnan(diagnostics.ess_tail(rng.normal(size=(4, n)))) for n in (2, 3))
+    assert np.isnan(diagnostics.rhat(rng.normal(size=(1, 50)))) and diagnostics.ess_bulk(rng.normal(size=(1, 50))) > 0
 
 
 def test_numpy_hdi_equals_arviz():

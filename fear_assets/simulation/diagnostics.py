@@ -59,13 +59,24 @@ def _ess(x: np.ndarray) -> float:
     return float(chains * n / tau)
 
 
+def _too_short(x: np.ndarray, min_chains: int = 1) -> bool:
+    """ArviZ's shape rule: fewer than 4 draws per chain (or ``min_chains`` chains) estimate
+    nothing, so the estimate is NaN, which no convergence rule passes."""
+    return x.shape[1] < 4 or x.shape[0] < min_chains
+
+
 def ess_bulk(x: np.ndarray) -> float:
-    return _ess(_z_scale(_split(np.asarray(x, dtype=float))))
+    x = np.asarray(x, dtype=float)
+    if _too_short(x):
+        return float("nan")
+    return _ess(_z_scale(_split(x)))
 
 
 def ess_tail(x: np.ndarray) -> float:
     """min of the 5% and 95% quantile-indicator ESS."""
     x = np.asarray(x, dtype=float)
+    if _too_short(x):
+        return float("nan")
     return min(_ess(_split((x <= np.quantile(x, p)).astype(float))) for p in (0.05, 0.95))
 
 
@@ -78,7 +89,10 @@ def _rhat(x: np.ndarray) -> float:
 
 def rhat(x: np.ndarray) -> float:
     """Rank-normalised split R-hat: the larger of the bulk and folded (tail) values."""
-    s = _split(np.asarray(x, dtype=float))
+    x = np.asarray(x, dtype=float)
+    if _too_short(x, min_chains=2):
+        return float("nan")
+    s = _split(x)
     return max(_rhat(_z_scale(s)), _rhat(_z_scale(np.abs(s - np.median(s)))))
 
 
