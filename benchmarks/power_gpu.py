@@ -368,8 +368,8 @@ def run(args) -> int:
         rh = np.array([diag.rhat(h[k, :, :, i2]) for k in range(K)])
         min_ess = ess.min(axis=1)
         per_ds = tm_k["run_s"] / K
-        fails = (rh > conv["rhat_max"]) | (ess[:, 0] < conv["ess_bulk_min"]) | (ess[:, 1] < conv["ess_tail_min"]) \
-            | (fit["divergences"].sum(axis=1) > conv["divergences_max"])
+        fails = ~((rh <= conv["rhat_max"]) & (ess[:, 0] >= conv["ess_bulk_min"]) & (ess[:, 1] >= conv["ess_tail_min"])
+                  & (fit["divergences"].sum(axis=1) <= conv["divergences_max"]))  # a NaN fails
         s_ess = per_ds * target / min_ess.mean()
         res["d_fit_many"][str(K)] = {
             "K": K, "compile_s": tm_k["compile_s"], "run_s": tm_k["run_s"], "projected_s": est, "wall_s_per_dataset": per_ds,
@@ -800,10 +800,12 @@ def _per_dataset_convergence(draws: dict, divergences, rule) -> list[dict]:
     for k in range(len(next(iter(draws.values())))):
         xs = [np.asarray(v[k]) for v in draws.values()]
         d = int(np.sum(divergences[k]))
-        eb, et, rh = (min(dg.ess_bulk(x) for x in xs), min(dg.ess_tail(x) for x in xs), max(dg.rhat(x) for x in xs))
+        # numpy's min and max carry a NaN through, where Python's depend on the order
+        eb, et, rh = (np.min([dg.ess_bulk(x) for x in xs]), np.min([dg.ess_tail(x) for x in xs]),
+                      np.max([dg.rhat(x) for x in xs]))
         out.append({"divergences": d, "ess_bulk_min": float(eb), "ess_tail_min": float(et), "rhat_max": float(rh),
-                    "failing": bool(rh > rule.rhat_max or eb < rule.ess_bulk_min or et < rule.ess_tail_min
-                                    or d > rule.divergences_max)})
+                    "failing": not (rh <= rule.rhat_max and eb >= rule.ess_bulk_min and et >= rule.ess_tail_min
+                                    and d <= rule.divergences_max)})  # a NaN fails
     return out
 
 

@@ -336,6 +336,10 @@ def test_convergence_is_counted_on_every_contrast(settings):
     counts = validation.convergence_counts({"H1": good, "H2": stuck}, settings.convergence)
     assert counts["per_contrast"]["H1"]["failing"] == 0 and counts["per_contrast"]["H2"]["failing"] == 1
     assert counts["datasets_failing_any"] == 1 and counts["failing"] == [False, True, False]
+    # a fit cut at 3 draws per chain estimates no ESS or R-hat (NaN): not shown within the rule, so failing
+    short = good[:, :, :3]
+    cut = validation.convergence_counts({"H1": short, "H2": short}, settings.convergence)
+    assert cut["datasets_failing_any"] == 3 and cut["per_contrast"]["H1"]["failing"] == 3
 
 
 def test_the_verdict_passes_only_what_ran_and_passed_against_a_converged_reference():

@@ -183,7 +183,9 @@ def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.nd
         rh = np.array([dg.rhat(x[k]) for k in range(K)])
         eb = np.array([dg.ess_bulk(x[k]) for k in range(K)])
         et = np.array([dg.ess_tail(x[k]) for k in range(K)])
-        bad = (rh > rule.rhat_max) | (eb < rule.ess_bulk_min) | (et < rule.ess_tail_min) | (div > rule.divergences_max)
+        # met only where every figure is shown within the rule: a NaN (too few draws to estimate) fails
+        bad = ~((rh <= rule.rhat_max) & (eb >= rule.ess_bulk_min) & (et >= rule.ess_tail_min)
+                & (div <= rule.divergences_max))
         failing |= bad
         out[name] = {"failing": int(bad.sum()), "rhat_max": float(rh.max()), "ess_bulk_min": float(eb.min()),
                      "ess_tail_min": float(et.min())}
