@@ -794,7 +794,7 @@ def _per_dataset_convergence(draws: dict, divergences, rule) -> list[dict]:
     """Per dataset, over every reported contrast (``draws``: contrast -> K arrays (chains, draws)):
     divergences, the smallest bulk and tail ESS, the largest R-hat, and whether the registered
     convergence rule fails."""
-    from fear_assets.simulation import diagnostics as dg
+    from fear_assets.simulation import diagnostics as dg, validation
 
     out = []
     for k in range(len(next(iter(draws.values())))):
@@ -804,8 +804,7 @@ def _per_dataset_convergence(draws: dict, divergences, rule) -> list[dict]:
         eb, et, rh = (np.min([dg.ess_bulk(x) for x in xs]), np.min([dg.ess_tail(x) for x in xs]),
                       np.max([dg.rhat(x) for x in xs]))
         out.append({"divergences": d, "ess_bulk_min": float(eb), "ess_tail_min": float(et), "rhat_max": float(rh),
-                    "failing": not (rh <= rule.rhat_max and eb >= rule.ess_bulk_min and et >= rule.ess_tail_min
-                                    and d <= rule.divergences_max)})  # a NaN fails
+                    "failing": not validation.meets_rule(rule, rh, eb, et, d)})
     return out
 
 

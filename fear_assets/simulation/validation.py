@@ -170,6 +170,14 @@ def lean_beyond_null(rows: Sequence[Mapping], null_rows: Sequence[Mapping]) -> d
             "max_abs_lean_z": max(abs(v["lean_z"]) for v in out.values())}
 
 
+def meets_rule(rule, rhat, ess_bulk, ess_tail, divergences):
+    """Whether the registered convergence rule is met (arrays or scalars): only where every figure
+    is shown within it, so a NaN (too few draws to estimate) does not meet it, as in
+    ``models.fits.convergence_problems``."""
+    return ((rhat <= rule.rhat_max) & (ess_bulk >= rule.ess_bulk_min) & (ess_tail >= rule.ess_tail_min)
+            & (divergences <= rule.divergences_max))
+
+
 def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.ndarray | None = None) -> dict:
     """Per reported contrast, how many datasets miss the registered convergence rule (R-hat,
     bulk and tail ESS on that contrast; divergences of the fit), and the datasets missing it on
@@ -183,9 +191,7 @@ def convergence_counts(draws: Mapping[str, np.ndarray], rule, divergences: np.nd
         rh = np.array([dg.rhat(x[k]) for k in range(K)])
         eb = np.array([dg.ess_bulk(x[k]) for k in range(K)])
         et = np.array([dg.ess_tail(x[k]) for k in range(K)])
-        # met only where every figure is shown within the rule: a NaN (too few draws to estimate) fails
-        bad = ~((rh <= rule.rhat_max) & (eb >= rule.ess_bulk_min) & (et >= rule.ess_tail_min)
-                & (div <= rule.divergences_max))
+        bad = ~meets_rule(rule, rh, eb, et, div)
         failing |= bad
         out[name] = {"failing": int(bad.sum()), "rhat_max": float(rh.max()), "ess_bulk_min": float(eb.min()),
                      "ess_tail_min": float(et.min())}
