@@ -185,6 +185,15 @@ def jax_on(platform: str | None):
     return jax, devices, time.perf_counter() - t
 
 
+def registered_floor(manifest: dict, art: Path) -> int:
+    """The registered ``simulation_sampler.min_pooled_chains`` of an export (its manifest)."""
+    s = manifest.get("simulation_sampler") or {}
+    if "min_pooled_chains" not in s:
+        raise SystemExit(f"{art}/manifest.json: its simulation_sampler lacks min_pooled_chains (exported before it "
+                         f"was registered): export again with `benchmarks/power_gpu.py export`")
+    return int(s["min_pooled_chains"])
+
+
 def run(args) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.max_seconds
@@ -297,7 +306,8 @@ def run(args) -> int:
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = arr["dense_idx"] if dense_run else None
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
-                                         dense_idx=dense, shrink_dense=shrink, pool_length=opts["pool_length"])
+                                         dense_idx=dense, shrink_dense=shrink, pool_length=opts["pool_length"],
+                                         min_pooled_chains=registered_floor(manifest, art))
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
@@ -604,13 +614,12 @@ def validate(args) -> int:
     adaptive = algorithm in acc.ADAPTIVE_ALGORITHMS
     # the candidate's lengths: the registered section's, or those given (recorded in the JSON)
     chains = args.chains or s.chains
-    warmup = args.warmup if args.warmup is not None else (400 if adaptive else s.warmup)
+    warmup = args.warmup if args.warmup is not None else s.warmup
     draws = args.draws or s.draws
     pilot_steps = 300 if args.quick else s.pilot_steps
     sampler = argparse.Namespace(**{**vars(s), "pilot_steps": pilot_steps, "algorithm": algorithm, "chains": chains,
-                                    "warmup": warmup, "draws": draws})
-    if adaptive:
-        sampler.target_accept = args.target_accept or acc.ADAPTIVE_TARGET_ACCEPT
+                                    "warmup": warmup, "draws": draws,
+                                    "target_accept": args.target_accept or s.target_accept})
     remedy = settings.fitting.convergence_remedy
     extensions = remedy.max_extensions if adaptive else 0
     if args.sbc_shard:  # only this shard's SBC batches, into the cache (a later validate ranks them all)
@@ -960,14 +969,14 @@ def main() -> int:
     v.add_argument("--reference-draws", type=int, help="the long nutpie run's draws per chain (4 chains, 1,000 "
                                                         "tuning; default 4,000, 1,000 with --quick)")
     v.add_argument("--chains", type=int, help="chains per dataset (default: the registered section's)")
-    v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the section's; 400 for adaptive_hmc)")
+    v.add_argument("--warmup", type=int, help="warm-up steps per dataset (default: the registered section's)")
     v.add_argument("--draws", type=int, help="draws per chain (default: the registered section's)")
     v.add_argument("--sbc-shard", help="K/M: fit only SBC batches i with i %% M == K into --reference-cache and "
                    "stop (M processes share one SBC; a run without it ranks every batch)")
     v.add_argument("--sbc-reproduce", help="a stored validate JSON: fit only its first --sbc-draws prior draws "
                    "again and compare their ranks with its own (exit 1 where any differs); writes --out and stops")
-    v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default "
-                   "accelerated.ADAPTIVE_TARGET_ACCEPT, 0.9); recorded in the JSON's sampler")
+    v.add_argument("--target-accept", type=float, help="an adaptive candidate's target acceptance (default: the "
+                   "registered section's); recorded in the JSON's sampler")
     v.add_argument("--loop-datasets", type=int, default=3, help="datasets timed through the registered nutpie loop")
     v.add_argument("--reference-cache", type=Path, default=REFERENCE_CACHE,
                    help="folder keeping each finished reference run and SBC batch, read back by a later validation "

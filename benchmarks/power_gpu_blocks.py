@@ -72,8 +72,6 @@ ART = ROOT / ".gpu_power_blocks"
 #: A primary-model block's log density in the frame form the rule did not pick: the candidate's
 #: remedy refits there a dataset still divergent after its extensions (``accelerated.fit_block``).
 OTHER_FORM_FILE = "logdensity.other_form.jaxexport.gz"
-#: Each dataset's warm-up transitions of the candidate, as validated on CPU (`power_gpu.py validate`).
-VALIDATED_WARMUP = 400
 #: What the device may not import (it has none of them): the check of the device run.
 HEAVY = ("pymc", "pytensor", "arviz", "dagster", "duckdb", "pandas", "xarray", "nutpie")
 
@@ -745,7 +743,8 @@ def other_form_refit(d: Path, m: dict, arr: dict, opts: dict, target_accept: flo
     sampler = vec.BatchedAdaptiveHMC(ld, other["dim"], arr["other_x0"], arr["other_keep_idx"],
                                      target_accept=target_accept,
                                      dense_idx=arr["other_dense_idx"] if opts["dense"] else None,
-                                     shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
+                                     shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"],
+                                     min_pooled_chains=opts["min_pooled_chains"])
     base = seed + 3 + extensions
     Yd, tm = Y[diverging], {}
     fit = sampler.fit_kept(Yd, vec.FrozenHMC.cold_start(arr["other_x0"], chains, base), base + 1, warmup, draws,
@@ -790,6 +789,21 @@ def past_deadline(need_s: float, deadline: float) -> str | None:
     return f"projected {need_s:.0f} s > {left:.0f} s left" if need_s > left else None
 
 
+#: What ``run`` reads of the registered ``simulation_sampler`` in an export's manifest.
+SAMPLER_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept", "min_pooled_chains")
+
+
+def registered_sampler(top: dict, art: Path) -> dict:
+    """The registered ``simulation_sampler`` an export was made under (its manifest, ``top``):
+    the device reads its defaults there, not from the package's settings, which it cannot load."""
+    s = top.get("simulation_sampler") or {}
+    lacking = [k for k in SAMPLER_FIELDS if k not in s]
+    if lacking:
+        raise SystemExit(f"{art}/manifest.json: its simulation_sampler lacks {lacking} (exported before they were "
+                         f"registered): export again with `benchmarks/power_gpu_blocks.py export`")
+    return s
+
+
 def run(args) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.max_seconds
@@ -805,11 +819,17 @@ def run(args) -> int:
                          f"where PyMC is installed and carry it (--artefacts names another one)")
     top = json.loads((art / "manifest.json").read_text())
     rule = argparse.Namespace(**top["convergence"])
-    s = top["simulation_sampler"]
+    s = registered_sampler(top, art)
     chains = args.chains or s["chains"]
     seed = top["master_seed"] + 100_000 * args.seed_offset  # the sampler's seeds; the scoring's stay the master seed's
-    opts = pg.candidate_options(args.algorithm)
-    warmup = args.warmup if args.warmup is not None else VALIDATED_WARMUP
+    algorithm = args.algorithm or s["algorithm"]
+    if algorithm not in pg.ADAPTIVE_CANDIDATES:
+        raise SystemExit(f"{art}/manifest.json: the registered simulation_sampler.algorithm is {algorithm!r}; this "
+                         f"run fits only {list(pg.ADAPTIVE_CANDIDATES)}: give --algorithm")
+    target_accept = args.target_accept if args.target_accept is not None else s["target_accept"]
+    # the registered floor of a pooled length's chains (helper chains below it); 0 for the others
+    opts = {**pg.candidate_options(algorithm), "min_pooled_chains": s["min_pooled_chains"]}
+    warmup = args.warmup if args.warmup is not None else s["warmup"]
     draws = args.draws or s["draws"]
     extensions = top["max_extensions"] if args.extensions is None else args.extensions
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
@@ -820,11 +840,11 @@ def run(args) -> int:
            "devices": [str(d) for d in devices], "device_kind": devices[0].device_kind, "jax": jax.__version__,
            "backend_init_s": backend_init_s,
            "blackjax": __import__("blackjax").__version__, "export": {k: v for k, v in top.items() if k != "per_block"},
-           "sampler": {"algorithm": args.algorithm, "chains": chains, "warmup": warmup, "draws": draws,
-                       "target_accept": args.target_accept, "extensions": extensions,
+           "sampler": {"algorithm": algorithm, "chains": chains, "warmup": warmup, "draws": draws,
+                       "target_accept": target_accept, "extensions": extensions,
                        "extension_draws": top["extension_draws"], "chunk_draws": args.chunk_draws,
                        "seed_offset": args.seed_offset,
-                       "min_pooled_chains": vec.POOLED_LENGTH_MIN_CHAINS if opts["pool_length"] else None},
+                       "min_pooled_chains": opts["min_pooled_chains"] if opts["pool_length"] else None},
            "blocks": {}, "skipped": [], "load_before": os.getloadavg()}
 
     def save():
@@ -860,9 +880,10 @@ def run(args) -> int:
         t = time.perf_counter()
         exported = (d / pg.EXPORT_FILE).read_bytes()
         ld = vec.exported_logdensity(gzip.decompress(exported))
-        sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
+        sampler = vec.BatchedAdaptiveHMC(ld, m["dim"], arr["x0"], arr["keep_idx"], target_accept=target_accept,
                                          dense_idx=arr["dense_idx"] if opts["dense"] else None,
-                                         shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"])
+                                         shrink_dense=opts["shrink_dense"], pool_length=opts["pool_length"],
+                                         min_pooled_chains=opts["min_pooled_chains"])
         # every dataset adapts its own kernel from a seeded cold start about the model's initial point
         start = vec.FrozenHMC.cold_start(arr["x0"], chains, seed)
         Y = arr["Y"][F:F + K].astype(np.float64)
@@ -876,7 +897,8 @@ def run(args) -> int:
         built_from = {"Y": Y, "x0": arr["x0"], "keep_idx": arr["keep_idx"], "dense_idx": arr["dense_idx"]}
         fingerprint = run_fingerprint(exported, built_from, block=block, first_dataset=F, datasets=K, chains=chains,
                                       seed=seed, warmup=warmup, first_draws=args.chunk_draws or draws,
-                                      algorithm=args.algorithm, target_accept=args.target_accept,
+                                      algorithm=algorithm, target_accept=target_accept,
+                                      min_pooled_chains=opts["min_pooled_chains"] if opts["pool_length"] else None,
                                       platform=devices[0].platform, settings_sha256=top["settings_sha256"])
         try:
             fit = vec.load_fit(checkpoint, fingerprint) if checkpoint else None
@@ -948,7 +970,7 @@ def run(args) -> int:
         # the candidate's last remedy (accelerated.fit_block): a dataset still divergent after its extensions
         # is fitted again, warm-up and extensions included, in the frame form the rule did not pick, and
         # that fit is kept (an export made before the other form was kept has none: recorded)
-        refit = other_form_refit(d, m, arr, opts, args.target_accept, chains, warmup, made, Y, remedied,
+        refit = other_form_refit(d, m, arr, opts, target_accept, chains, warmup, made, Y, remedied,
                                  rule, top, extensions,
                                  lambda need: past_deadline(need, deadline), tm["run_s"], seed)
         forms = [m["frame_form"]] * K
@@ -966,10 +988,10 @@ def run(args) -> int:
                  "datasets_extended": extended, "extension_s": ext_s,
                  "extension_compile_s": ext_compile_s, "extensions_cut_by_deadline": cut,
                  "wall_s": wall, "s_per_dataset": run_s / K, "datasets_per_hour": 3600.0 * K / run_s,
-                 # the first fit's seconds scaled to the validated lengths (400 + the registered draws), for a
-                 # run at shorter lengths; extensions are not in it
+                 # the first fit's seconds scaled to the registered lengths (warm-up + draws), for a run at
+                 # shorter lengths; extensions are not in it
                  "s_per_dataset_first_fit_at_validated_lengths":
-                     tm["run_s"] / K * (VALIDATED_WARMUP + s["draws"]) / (warmup + made),
+                     tm["run_s"] / K * (s["warmup"] + s["draws"]) / (warmup + made),
                  "draws_cut_by_deadline": draws_cut,
                  # every chain runs the batch's longest trajectory of each transition (lockstep);
                  # a dataset's gradients include its extensions', the batch's steps its first fit's
@@ -1065,11 +1087,11 @@ def main() -> int:
                    help="the export's dataset to start from: a CPU fits a validation's datasets in several runs "
                         "(rescore scores their saved draws together)")
     r.add_argument("--algorithm", choices=pg.ADAPTIVE_CANDIDATES,
-                   default="adaptive_hmc_dense")
+                   help="default: the registered simulation_sampler section's")
     r.add_argument("--chains", type=int, help="default: the simulation_sampler section's")
-    r.add_argument("--warmup", type=int, help="per dataset (default 400, as validated on CPU)")
+    r.add_argument("--warmup", type=int, help="per dataset (default: the simulation_sampler section's)")
     r.add_argument("--draws", type=int, help="default: the simulation_sampler section's")
-    r.add_argument("--target-accept", type=float, default=0.9)
+    r.add_argument("--target-accept", type=float, help="default: the simulation_sampler section's")
     r.add_argument("--seed-offset", type=int, default=0,
                    help="another seed for the sampler (the master seed + 100,000 x this): repeats of one run, to "
                         "tell a sampler's spread from its bias; 0, the default, is the run a validation scores")

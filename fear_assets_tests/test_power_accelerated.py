@@ -487,7 +487,8 @@ def test_a_stored_sbc_is_reproduced_only_where_every_rank_is_the_same(settings, 
 
     power_gpu = _power_gpu_benchmark(monkeypatch)
     priors, h5p = Priors.from_settings(settings), H5Priors.from_settings(settings)
-    sampler = argparse.Namespace(algorithm="adaptive_hmc_dense_pooled", chains=2, target_accept=0.9)
+    sampler = argparse.Namespace(algorithm="adaptive_hmc_dense_pooled", chains=2, target_accept=0.9,
+                                 min_pooled_chains=settings.simulation_sampler.min_pooled_chains)
     stored = {"settings_sha256": settings.sha256, "sampler": vars(sampler),
               "sbc": power_gpu._sbc(settings, priors, h5p, sampler, 4, 20, 30, settings.master_seed, batch=2)}
     path = tmp_path / "stored.json"

@@ -31,7 +31,8 @@ def _estimates() -> PilotEstimates:
 
 @pytest.fixture(scope="module")
 def batch(settings):
-    """Three datasets of one batch on the accelerator path under a short ChEES sampler."""
+    """Three datasets of one batch on the accelerator path under the registered simulation
+    sampler at short lengths."""
     design = simulated_design(settings, ["d1"], ["d1"], 5, (0.2, 0.2), seed=3)
     sampler = dataclasses.replace(settings.simulation_sampler, chains=2, warmup=100, draws=250, pilot_datasets=2,
                                   pilot_steps=150)
@@ -47,7 +48,7 @@ def test_an_accelerated_batch_is_labelled_like_the_loop_and_reproducible(setting
     assert list(table.columns) == LABEL_COLUMNS
     # one row per dataset of the batch and reported contrast, in the loop's order
     assert list(zip(table["dataset"], table["contrast"])) == [(i, c) for i in range(3, 6) for c in ("H1", "H2", "H3")]
-    assert set(table["sampler"]) == {"accelerator:chees_hmc"}
+    assert set(table["sampler"]) == {f"accelerator:{settings.simulation_sampler.algorithm}"}
     assert (table["truth"] == settings.decision.meaningful).all()
     # each dataset's frame form is the registered rule's pick on that dataset's own data
     rule = settings.fitting.frame_parametrisation

@@ -148,24 +148,25 @@ def test_a_pooled_length_survives_the_cold_starts_transient(seed, settings):
     assert not np.any(counts["failing"]), (counts, remedied.extended)
 
 
-def test_a_lone_pooled_dataset_warms_up_on_helper_chains_and_samples_with_its_own():
+def test_a_lone_pooled_dataset_warms_up_on_helper_chains_and_samples_with_its_own(settings):
     """A pooled program of fewer than ``min_pooled_chains`` chains (a lone frame form, a refit of
     one dataset) rests its step size, metric and length on that many chains of its own dataset:
     at the registered size one dataset's 4 chains alone ended the warm-up with a twenty-fifth of
     the length. Simulated on a 200-coordinate posterior with SDs from 1e-4 to 1: with the floor,
     the warm-up's helper chains estimate the metric better (so the step size is larger), and the
     draws are still the registered chains' only, of the right posterior."""
-    from fear_assets.simulation.vectorised import POOLED_LENGTH_MIN_CHAINS, BatchedAdaptiveHMC, FrozenHMC
+    from fear_assets.simulation.vectorised import BatchedAdaptiveHMC, FrozenHMC
 
+    registered = settings.simulation_sampler.min_pooled_chains
     Y = np.random.default_rng(1).normal(0.0, 0.1, (1, NARROW_TO_WIDE.size)) * NARROW_TO_WIDE
     fits = {}
-    for floor in (0, POOLED_LENGTH_MIN_CHAINS):
+    for floor in (0, registered):
         sampler = BatchedAdaptiveHMC(_wide_and_narrow, NARROW_TO_WIDE.size, np.zeros(NARROW_TO_WIDE.size),
                                      target_accept=0.9, pool_length=True, min_pooled_chains=floor)
         assert sampler.warmup_chains(1, 4) == max(4, floor)
         fits[floor] = sampler.fit_kept(Y, FrozenHMC.cold_start(np.zeros(NARROW_TO_WIDE.size), 4, 0), 1, warmup=400,
                                        draws=500)
-    alone, helped = fits[0], fits[POOLED_LENGTH_MIN_CHAINS]
+    alone, helped = fits[0], fits[registered]
     for fit in (alone, helped):  # the registered chains only, whatever the warm-up ran
         assert fit["kept"].shape == (1, 4, 500, NARROW_TO_WIDE.size)
         assert fit["positions"].shape == (1, 4, NARROW_TO_WIDE.size) and fit["warmup_divergences"].shape == (1, 4)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from fear_assets.core.errors import InputError
-from fear_assets.core.site import SiteError, parse_site
+from fear_assets.core.site import SiteError, load_site, parse_site
 from fear_assets.defs.resources.power import PowerSamplerResource
 from fear_assets.simulation.sampler_path import ACCELERATOR, NUTPIE_LOOP, choose_path, validation_status
 
@@ -41,10 +42,11 @@ def test_auto_takes_the_accelerator_path_only_with_a_gpu_and_a_passed_validation
 
 def test_a_validation_of_other_settings_vouches_for_nothing(settings):
     """The validation must have run the registered simulation sampler: a run with another
-    warm-up (the adaptive candidates' 400) or another algorithm passed for a sampler the
-    simulation would not run."""
+    warm-up, algorithm, chain count or target acceptance (a divergence-prone 0.8 for the
+    registered 0.9) passed for a sampler the simulation would not run."""
     s = settings.simulation_sampler
-    for changed in ({"warmup": s.warmup + 200}, {"algorithm": "adaptive_hmc_dense"}, {"chains": s.chains + 1}):
+    for changed in ({"warmup": s.warmup + 200}, {"algorithm": "adaptive_hmc_dense"}, {"chains": s.chains + 1},
+                    {"target_accept": round(s.target_accept - 0.1, 6)}):
         status = validation_status(_record(s, True, **changed), s)
         assert status.status == "other_sampler" and next(iter(changed)) in status.detail
         assert choose_path("auto", "gpu", status, confirmatory=False).path == NUTPIE_LOOP
@@ -86,3 +88,18 @@ def test_the_site_names_the_path_and_its_validation_file(tmp_path, settings):
     assert str(site) in str(err.value)
     # the host chose the nutpie loop: JAX is not asked
     assert PowerSamplerResource(path="nutpie").platform() == ""
+
+
+def test_the_example_site_names_a_passed_validation_of_the_registered_sampler(settings):
+    """A GPU host that starts from the example site configuration gets the accelerator path
+    only if the record it names vouches for exactly the registered simulation_sampler: it must
+    have passed on 64 datasets of every registered scenario (item 3(a)), under these settings'
+    design, with the sampler the settings register."""
+    example = Path(__file__).resolve().parents[1] / "deploy" / "site.example.yaml"
+    resource = PowerSamplerResource.from_site(load_site(example, registered_checkpoints=settings.models))
+    status = resource.validation(settings.simulation_sampler)
+    assert status.passed, status.as_text()
+    record = json.loads(Path(status.file).read_text())
+    assert set(record["scenarios"]) == set(settings.power.scenarios)
+    assert all(s["status"] == "passed" and s["datasets"] >= 64 for s in record["scenarios"].values())
+    assert choose_path("auto", "gpu", status, confirmatory=True).path == ACCELERATOR

@@ -247,29 +247,34 @@ class Sampler(Section):
 
 
 #: The samplers of the power simulation's accelerator path (``simulation.vectorised``).
-SIMULATION_ALGORITHMS = ("chees_hmc", "nuts")
+SIMULATION_ALGORITHMS = ("adaptive_hmc_dense_pooled", "chees_hmc", "nuts")
 SIMULATION_ALGORITHM = Constraint(f"one of {list(SIMULATION_ALGORITHMS)}",
                                   lambda v: v if isinstance(v, str) and v in SIMULATION_ALGORITHMS else None)
 
 
 @dataclass(frozen=True)
 class SimulationSampler(Section):
-    """6.3 (issue 28): how the power simulation's datasets are sampled on the accelerator path,
-    many (dataset, chain) pairs in one compiled program. A change of the simulation's sampler
-    from the registered ``sampler`` (the nutpie loop's), recorded as such: the model, priors and
-    convergence rule are the registered ones. ``chees_hmc``: jittered fixed-length HMC whose
-    step size, trajectory length and diagonal mass matrix are tuned once (ChEES) on
-    ``pilot_datasets`` datasets of the design for ``pilot_steps`` steps and then frozen;
-    ``nuts``: NUTS from a reference adaptation. Per dataset: ``chains`` chains, ``warmup``
-    steps (only moving the chains to the dataset's posterior), ``draws`` draws; a dataset short
-    of the convergence rule on any reported contrast is refitted with ``extension_draws`` more
-    draws in a later batch, and then counted and kept as D7 says."""
+    """6.3: how the power simulation's datasets are sampled on the accelerator path, many
+    (dataset, chain) pairs in one compiled program. A change of the simulation's sampler from the
+    registered ``sampler`` (the nutpie loop's), recorded as such: the model, priors and
+    convergence rule are the registered ones. ``adaptive_hmc_dense_pooled``
+    (``vectorised.BatchedAdaptiveHMC``): each dataset adapts its own step size (towards
+    ``target_accept``) and block mass matrix in its ``warmup``, with one trajectory length for
+    the program, pooled over at least ``min_pooled_chains`` chains (helper chains of its own
+    datasets where it has fewer); the only one that passed item 3(a) at the registered size.
+    ``chees_hmc``: jittered fixed-length HMC tuned once (ChEES) on ``pilot_datasets`` datasets
+    for ``pilot_steps`` steps, then frozen (``warmup`` only moves the chains); ``nuts``: NUTS
+    from a reference adaptation. Per dataset: ``chains`` chains and ``draws`` draws; a dataset
+    short of the convergence rule on any reported contrast is refitted with ``extension_draws``
+    more draws in a later batch, and then counted and kept as D7 says."""
 
     NAME: ClassVar[str] = "simulation_sampler"
     algorithm: str = registered(SIMULATION_ALGORITHM)
     chains: int = registered(integer(2), "R-hat needs at least 2 chains; 4 are suggested")
     warmup: int = registered(integer(0))
     draws: int = registered(integer(1))
+    target_accept: float = registered(interval(0.0, 1.0, low_open=True))
+    min_pooled_chains: int = registered(integer(0), "0 sets no floor")
     pilot_datasets: int = registered(integer(1))
     pilot_steps: int = registered(integer(1))
     extension_draws: int = registered(integer(0))

@@ -13,8 +13,10 @@ reads the reported contrasts from kept draws with the analysis code's own functi
 block's ``contrasts``, given a posterior holding the kept variables with the model's dims).
 
 ``fit_batch`` samples K datasets x chains with the registered simulation sampler
-(``settings.simulation_sampler``): jittered fixed-length HMC tuned once on a pilot batch (ChEES)
-and frozen, or NUTS from a reference adaptation.
+(``settings.simulation_sampler``): jittered HMC in which every dataset adapts its own step size
+and block metric with one pooled trajectory length (the registered algorithm); or, selectable,
+jittered fixed-length HMC tuned once on a pilot batch (ChEES) and frozen, or NUTS from a
+reference adaptation.
 """
 
 from __future__ import annotations
@@ -32,23 +34,20 @@ from fear_assets.simulation.vectorised import (BatchedAdaptiveHMC, BatchedChEES,
                                                Remedied, constrained_fn, extend_missing,
                                                jaxified_logdensity)
 
-#: The candidate of the CPU validation (issue 28): jittered HMC with every dataset's own warm-up
-#: (``vectorised.BatchedAdaptiveHMC``). Not a registered ``simulation_sampler.algorithm`` until
-#: its validation passes and the section is registered again.
+#: Jittered HMC with every dataset's own warm-up (``vectorised.BatchedAdaptiveHMC``), diagonal
+#: mass matrix: a candidate of the CPU validation, not a registered ``simulation_sampler.algorithm``.
 ADAPTIVE = "adaptive_hmc"
-#: Its target acceptance: above HMC's asymptotic optimum (0.65) because a divergent draw fails
-#: the registered convergence rule (divergences_max 0); 0.8 left divergences at 50 frames.
-ADAPTIVE_TARGET_ACCEPT = 0.9
-#: The same with a block mass matrix (issue 28): dense on the global parameters, diagonal on the
-#: unit intercepts (``dense_block_indices``), each adapted per dataset. Not registered either.
+#: The same with a block mass matrix: dense on the global parameters, diagonal on the unit
+#: intercepts (``dense_block_indices``), each adapted per dataset. A candidate, not registered.
 ADAPTIVE_DENSE = "adaptive_hmc_dense"
 #: The same with the dense block shrunk towards its diagonal (``vectorised.oas_towards_diagonal``):
-#: a block of hundreds of coordinates estimated from a warm-up window. Not registered either.
+#: a block of hundreds of coordinates estimated from a warm-up window. A candidate, not registered.
 ADAPTIVE_DENSE_OAS = "adaptive_hmc_dense_oas"
-#: The block metric with one trajectory length for the batch (``pool_length``): the ChEES
-#: criterion averaged over every dataset, each dataset keeping its own step size and metric. At
-#: the registered size each dataset's own length (from 4 chains) stalled near its start on half
-#: the datasets. Not registered either.
+#: The block metric with one trajectory length for the program (``pool_length``): the ChEES
+#: criterion averaged over every dataset, each dataset keeping its own step size and metric (at
+#: the registered size each dataset's own length, from 4 chains, stalled near its start on half
+#: the datasets). The registered ``simulation_sampler.algorithm``: it passed item 3(a) at the
+#: registered size in every scenario.
 ADAPTIVE_DENSE_POOLED = "adaptive_hmc_dense_pooled"
 DENSE_ALGORITHMS = (ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS, ADAPTIVE_DENSE_POOLED)
 ADAPTIVE_ALGORITHMS = (ADAPTIVE, ADAPTIVE_DENSE, ADAPTIVE_DENSE_OAS, ADAPTIVE_DENSE_POOLED)
@@ -188,19 +187,23 @@ class Tuned:
 
 
 def tune(prog: BlockProgram, Y_pilot: np.ndarray, sampler_settings, seed: int, keep=None) -> Tuned:
-    """The registered simulation sampler tuned on pilot datasets of the design (``Y_pilot``:
-    rows of outcomes): ChEES on every pilot dataset, frozen; or NUTS's reference adaptation on
-    the first (diagonal mass matrix, as the nutpie loop's cold start has)."""
+    """The simulation sampler ``sampler_settings`` (``settings.simulation_sampler``'s fields)
+    made ready for a design: the adaptive algorithms need no pilot (each dataset adapts in its
+    own warm-up, from a cold start; ``target_accept`` and ``min_pooled_chains`` as given); ChEES
+    is tuned on every pilot dataset (``Y_pilot``: rows of outcomes) and frozen; NUTS takes a
+    reference adaptation on the first (diagonal mass matrix, as the nutpie loop's cold start
+    has)."""
     s = sampler_settings
     keep = prog.keep_fn() if keep is None else keep
     timings: dict = {}
     if s.algorithm in ADAPTIVE_ALGORITHMS:
         # no pilot: every dataset adapts from a cold start (seeded jitter about PyMC's initial point)
         dense = dense_block_indices(prog.jm.names, prog.jm.sizes) if s.algorithm in DENSE_ALGORITHMS else None
+        pooled = s.algorithm == ADAPTIVE_DENSE_POOLED
         sampler = BatchedAdaptiveHMC(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep,
-                                     target_accept=getattr(s, "target_accept", ADAPTIVE_TARGET_ACCEPT),
-                                     dense_idx=dense, shrink_dense=s.algorithm == ADAPTIVE_DENSE_OAS,
-                                     pool_length=s.algorithm == ADAPTIVE_DENSE_POOLED)
+                                     target_accept=s.target_accept, dense_idx=dense,
+                                     shrink_dense=s.algorithm == ADAPTIVE_DENSE_OAS, pool_length=pooled,
+                                     min_pooled_chains=s.min_pooled_chains if pooled else 0)
         params = FrozenHMC.cold_start(prog.jm.x0, s.chains, seed)
     elif s.algorithm == "chees_hmc":
         sampler = BatchedChEES(prog.jm.logdensity, prog.jm.dim, prog.jm.x0, keep=keep)
@@ -308,10 +311,10 @@ class BlockFit:
 def fit_block(datasets: Sequence[BlockData], pilot: Sequence[BlockData], priors, h5_priors, rule, sampler, seed: int,
               convergence, max_extensions: int, log=lambda message: None) -> BlockFit:
     """The datasets of one block (one design) fitted with the simulation sampler ``sampler``
-    (``settings.simulation_sampler``'s fields; ``target_accept`` where an adaptive candidate
-    has one): one program per frame form the registered ``rule`` picks (the nutpie loop fits
-    each dataset in its form), tuned on the ``pilot`` datasets of that form (ChEES, NUTS; none:
-    the scored ones) or adapted per dataset (the adaptive candidates).
+    (``settings.simulation_sampler``'s fields, or a candidate's with the same names): one program
+    per frame form the registered ``rule`` picks (the nutpie loop fits each dataset in its form),
+    tuned on the ``pilot`` datasets of that form (ChEES, NUTS; none: the scored ones) or adapted
+    per dataset (the adaptive algorithms).
 
     The adaptive candidates' remedy, in order: a dataset missing the ``convergence`` rule on a
     reported contrast is extended by the sampler's ``extension_draws``, up to ``max_extensions``

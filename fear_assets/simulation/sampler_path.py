@@ -22,7 +22,7 @@ from fear_assets.core.site import POWER_PATHS as HOST_CHOICES  # the host's choi
 NUTPIE_LOOP = "nutpie_loop"
 ACCELERATOR = "accelerator"
 #: The settings a validation must have run with to vouch for the registered simulation sampler.
-VALIDATED_FIELDS = ("algorithm", "chains", "warmup", "draws")
+VALIDATED_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept")
 
 
 @dataclass(frozen=True)

@@ -731,13 +731,6 @@ def oas_towards_diagonal(cov, n):
     return shrunk * (sd[..., :, None] * sd[..., None, :]), rho
 
 
-#: The fewest chains one pooled trajectory length rests on (``BatchedAdaptiveHMC``): the smallest
-#: pool measured to adapt well at the registered size (6 datasets x 4 chains: lengths 9.4-18.6 in
-#: four runs, where one dataset's 4 chains ended at 0.48). Part of the unregistered candidate
-#: ``adaptive_hmc_dense_pooled``; registered with it.
-POOLED_LENGTH_MIN_CHAINS = 24
-
-
 class BatchedAdaptiveHMC(BatchedChEES):
     """Jittered HMC over many datasets' chains in one JAX program in which EVERY DATASET ADAPTS
     ITS OWN step size, mass matrix and trajectory length in a warm-up (pooling its own
@@ -766,7 +759,8 @@ class BatchedAdaptiveHMC(BatchedChEES):
     up with helper chains (``warmup_chains``: each dataset's chains plus more from its own cold
     start, so its step size, metric and length rest on at least that many) and samples with its
     first ``chains`` only: a registered-size dataset warmed up on its 4 chains alone ended with a
-    twenty-fifth of the length 24 chains found, and bulk ESS 7 in 16,000 draws. ``tune`` (the
+    twenty-fifth of the length 24 chains found, and bulk ESS 7 in 16,000 draws (the registered
+    floor is ``settings.simulation_sampler.min_pooled_chains``; 0 here: none). ``tune`` (the
     parent's ChEES on pilot datasets) gives only where the warm-up starts: the chains' positions,
     eps, L and M."""
 
@@ -774,7 +768,7 @@ class BatchedAdaptiveHMC(BatchedChEES):
                  keep: Callable | None = None, float32: bool = False, max_steps: int = 1024,
                  target_accept: float = 0.8, learning_rate: float = 0.025, dense_idx: Sequence[int] | None = None,
                  shrink_dense: bool = False, pool_length: bool = False,
-                 min_pooled_chains: int = POOLED_LENGTH_MIN_CHAINS):
+                 min_pooled_chains: int = 0):
         super().__init__(logdensity, dim, x0, keep_idx, keep, float32, max_steps)
         self.shrink_dense, self.pool_length = bool(shrink_dense), bool(pool_length)
         if int(min_pooled_chains) != min_pooled_chains or min_pooled_chains < 0:
