@@ -305,9 +305,10 @@ def run(args) -> int:
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = arr["dense_idx"] if dense_run else None
+        floor = registered_floor(manifest, art) if opts["pool_length"] else 0
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense, shrink_dense=shrink, pool_length=opts["pool_length"],
-                                         min_pooled_chains=registered_floor(manifest, art))
+                                         min_pooled_chains=floor)
         ref = vec.FrozenHMC.cold_start(arr["x0"], chains, manifest["master_seed"])
         tm = {"compile_s": 0.0, "run_s": 0.0}
         _fit_a = sampler.fit_kept
