@@ -605,8 +605,11 @@ def validate(args) -> int:
     if args.quick:
         # The registered minimum frame count (50) at one depth: the power simulation never fits
         # fewer frames for a registered family, and at 5 frames the registered nutpie sampler
-        # itself misses the convergence rule (divergences; docs/power-gate.md).
-        frames, depths, K, sbc_n, long_draws = 50, 1, 8, 100, 1000
+        # itself misses the convergence rule (divergences; docs/power-gate.md). Four datasets, of
+        # which the rule fits three centred and one non-centred, and 16 SBC draws: every part runs
+        # in about 15 minutes on 2 CPU cores with the registered sampler, above the 10 asked for;
+        # 8 datasets' candidate fits alone took 21 minutes there (benchmarks/RESULTS.md).
+        frames, depths, K, sbc_n, long_draws = 50, 1, 4, 16, 1000
         sbc_n = sbc_n if args.sbc_draws is None else args.sbc_draws
     else:
         frames, depths, K, long_draws = args.frames, args.depths, args.datasets, args.reference_draws or 4000
@@ -954,11 +957,12 @@ def main() -> int:
                    help="after the fits, a long run (this many draws) of the first fit's datasets: the largest "
                         "|99%% HDI endpoint| difference of H1-H3 against it (0: none)")
     v = sub.add_parser("validate", help="here, with PyMC: the accelerator path against a long nutpie run, SBC")
-    v.add_argument("--quick", action="store_true", help="50 frames x 1 depth, 8 datasets, SBC 100 draws")
+    v.add_argument("--quick", action="store_true", help="50 frames x 1 depth, 4 datasets (both frame forms), "
+                   "SBC 16 draws: a smoke test of every part (the registered evidence: 64 datasets a scenario)")
     v.add_argument("--frames", type=int, default=50)
     v.add_argument("--depths", type=int, default=8)
     v.add_argument("--datasets", type=int, default=64)
-    v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 100 with --quick, else 500; 0: no SBC)")
+    v.add_argument("--sbc-draws", type=int, help="SBC prior draws (default 16 with --quick, else 500; 0: no SBC)")
     v.add_argument("--blocks", nargs="*", default=["primary"])
     v.add_argument("--scenario", default="meaningful")
     v.add_argument("--algorithm", choices=["chees_hmc", "nuts", *ADAPTIVE_CANDIDATES],

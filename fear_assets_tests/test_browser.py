@@ -184,11 +184,18 @@ def test_a_researcher_reads_gates_plots_and_the_report_and_backfills_a_family(ui
     _until(lambda: driver.find_elements(
         By.XPATH, "//*[@role='dialog']//*[normalize-space(text())='Select a partition or create one']"), 15,
         "the partition selector is shown")[0].click()
-    driver.switch_to.active_element.send_keys(FAMILY)  # the menu then lists that family's keys
+    # Typed into the filter itself, not whatever has focus: if the filter takes focus late (under
+    # load), the keys go elsewhere, and the unfiltered list (virtualised: only its first keys are in
+    # the page) never shows this family's. A CI run failed here once with no key offered.
+    search = _until(lambda: [e for e in driver.find_elements(
+        By.XPATH, "//input[@placeholder='Filter partitions']") if e.is_displayed()], 30,
+        "the partition filter is shown")[0]
+    search.send_keys(FAMILY)  # the menu then lists that family's keys
+    _until(lambda: search.get_attribute("value") == FAMILY, 15, f"the partition filter reads {FAMILY!r}")
     for choice in (f"{d}|{FAMILY}" for d in DEPTHS):
         _until(lambda: [e for e in driver.find_elements(
             By.XPATH, f"//*[contains(@class, 'Menu_menuItem')]//span[normalize-space(text())={choice!r}]")
-                        if e.is_displayed()], 15, f"partition {choice} is offered")[-1].click()
+                        if e.is_displayed()], 30, f"partition {choice} is offered")[-1].click()
     driver.find_element(By.XPATH, "//*[@role='dialog']//*[starts-with(normalize-space(text()), 'Launch runs to materialize')]").click()
     dialog = driver.find_element(By.CSS_SELECTOR, "[role=dialog]")
     _until(lambda: f"{len(DEPTHS)} partitions" in dialog.text, 10, f"the dialog counts {len(DEPTHS)} partitions")
