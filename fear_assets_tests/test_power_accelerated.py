@@ -393,6 +393,40 @@ def test_the_validation_benchmark_runs_and_reports_its_verdict(tmp_path):
     assert f"validation {expected} " in proc.stdout and "passed=False" in proc.stdout
 
 
+@pytest.mark.slow
+def test_the_registered_sampler_passes_the_quick_validation(tmp_path, settings):
+    """Item 3 at a reduced size, as a user runs it: ``validate --quick`` (50 frames x 1 depth, both
+    frame forms, long nutpie references, an SBC) with the registered simulation sampler must pass
+    every part. It fails if the sampler drifts from the references beyond the MCSE bound, flips a
+    label away from a boundary, leaves a dataset short of the convergence rule or miscalibrates
+    the SBC. About 15 minutes on 2 cores (benchmarks/RESULTS.md)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fear_assets.core.settings import PROJECT_ROOT
+
+    out = tmp_path / "quick.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "benchmarks" / "power_gpu.py"), "validate", "--quick",
+                           "--reference-cache", str(tmp_path / "references"), "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["sampler"]["algorithm"] == settings.simulation_sampler.algorithm
+    assert res["sampler"]["target_accept"] == settings.simulation_sampler.target_accept
+    assert {f["form"] for f in res["speed"]["primary"]["fits"]} == {"centred", "non_centred"}
+    assert res["sbc"]["complete"] and res["sbc"]["passed"], res["sbc"]["per_quantity"]
+    assert res["convergence"]["primary"]["datasets_failing_any"] == 0
+    assert res["comparison"]["max_z"] <= res["comparison"]["z_bound"]
+    assert res["verdict"]["status"] == "passed" and res["passed"] is True, res["verdict"]["reasons"]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == (f"label_flips={res['comparison']['label_flips']} "
+                    f"max_endpoint_z={res['comparison']['max_endpoint_z']:.2f} sbc_min_p={res['sbc']['min_p']:.3g} "
+                    f"speedup_vs_nutpie={res['speed']['primary']['speedup_vs_nutpie']:.2f}")
+
+
 def _power_gpu_benchmark(monkeypatch):
     """benchmarks/power_gpu.py as a module (it reads benchmarks/power.py's estimates)."""
     import importlib.util
