@@ -185,13 +185,16 @@ def jax_on(platform: str | None):
     return jax, devices, time.perf_counter() - t
 
 
-def registered_floor(manifest: dict, art: Path) -> int:
-    """The registered ``simulation_sampler.min_pooled_chains`` of an export (its manifest)."""
+def registered_sampler(manifest: dict, art: Path, fields: tuple[str, ...], exporter: str) -> dict:
+    """The registered ``simulation_sampler`` an export was made under (its manifest): a device
+    reads its defaults there, not from the package's settings, which it cannot load. Refuses an
+    export that lacks any of ``fields`` (made before they were registered), naming ``exporter``."""
     s = manifest.get("simulation_sampler") or {}
-    if "min_pooled_chains" not in s:
-        raise SystemExit(f"{art}/manifest.json: its simulation_sampler lacks min_pooled_chains (exported before it "
-                         f"was registered): export again with `benchmarks/power_gpu.py export`")
-    return int(s["min_pooled_chains"])
+    lacking = [k for k in fields if k not in s]
+    if lacking:
+        raise SystemExit(f"{art}/manifest.json: its simulation_sampler lacks {lacking} (exported before they were "
+                         f"registered): export again with `{exporter} export`")
+    return s
 
 
 def run(args) -> int:
@@ -305,7 +308,8 @@ def run(args) -> int:
         # every dataset adapts its own kernel in its warm-up (no reference step): a seeded cold start;
         # _dense: its mass matrix dense on the coordinates the export names (``dense_idx``: all but the unit intercepts)
         dense = arr["dense_idx"] if dense_run else None
-        floor = registered_floor(manifest, art) if opts["pool_length"] else 0
+        floor = (int(registered_sampler(manifest, art, ("min_pooled_chains",), "benchmarks/power_gpu.py")
+                     ["min_pooled_chains"]) if opts["pool_length"] else 0)
         sampler = vec.BatchedAdaptiveHMC(ld, dim, arr["x0"], arr["keep_idx"], target_accept=args.target_accept,
                                          dense_idx=dense, shrink_dense=shrink, pool_length=opts["pool_length"],
                                          min_pooled_chains=floor)

@@ -793,17 +793,6 @@ def past_deadline(need_s: float, deadline: float) -> str | None:
 SAMPLER_FIELDS = ("algorithm", "chains", "warmup", "draws", "target_accept", "min_pooled_chains")
 
 
-def registered_sampler(top: dict, art: Path) -> dict:
-    """The registered ``simulation_sampler`` an export was made under (its manifest, ``top``):
-    the device reads its defaults there, not from the package's settings, which it cannot load."""
-    s = top.get("simulation_sampler") or {}
-    lacking = [k for k in SAMPLER_FIELDS if k not in s]
-    if lacking:
-        raise SystemExit(f"{art}/manifest.json: its simulation_sampler lacks {lacking} (exported before they were "
-                         f"registered): export again with `benchmarks/power_gpu_blocks.py export`")
-    return s
-
-
 def run(args) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.max_seconds
@@ -819,7 +808,7 @@ def run(args) -> int:
                          f"where PyMC is installed and carry it (--artefacts names another one)")
     top = json.loads((art / "manifest.json").read_text())
     rule = argparse.Namespace(**top["convergence"])
-    s = registered_sampler(top, art)
+    s = pg.registered_sampler(top, art, SAMPLER_FIELDS, "benchmarks/power_gpu_blocks.py")
     chains = args.chains or s["chains"]
     seed = top["master_seed"] + 100_000 * args.seed_offset  # the sampler's seeds; the scoring's stay the master seed's
     algorithm = args.algorithm or s["algorithm"]
